@@ -1,0 +1,63 @@
+"""How an engine or recipe option is declared: one dataclass field with its help and rules as data.
+
+Every option of `miles` is a dataclass field created with `option(...)`. The field carries, as data:
+
+- `help`: the one-line help shown by `--help`, the printed table and `docs/reference/cli.md`;
+- `derived`: for options whose default depends on other options, a `Derived(text, rule)`; the field's
+  default is `None` ("unset") and `resolve()` fills it with `rule(config)`; `text` is what help says,
+  and a test checks the text and the rule agree on real configurations;
+- `env`: an environment variable whose value, when set, replaces the default (e.g. PROMETHEUS_PORT);
+- `unsupported`: why this option cannot take a non-default value yet (e.g. "needs the SGLang rollout
+  backend"); setting it is rejected with that reason rather than silently ignored;
+- `choices`: taken from a `Literal[...]` annotation, never written twice.
+
+Nothing here imports anything heavy: `miles --help` reads these declarations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A derived default: `text` is shown to users, `rule(config)` computes the value in `resolve()`."""
+
+    text: str
+    rule: Callable[[Any], Any]
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    help: str,
+    default_factory: Callable[[], Any] | None = None,
+    derived: Derived | None = None,
+    env: str | None = None,
+    unsupported: str | None = None,
+    metavar: str | None = None,
+    secret: bool = False,
+) -> Any:
+    """Declare an option. See the module docstring for what each piece of metadata means."""
+    if derived is not None and default is not MISSING and default is not None:
+        raise ValueError("a derived option has default None (unset); resolve() fills it")
+    if derived is not None and default is MISSING:
+        default = None
+    metadata = {
+        "help": help,
+        "derived": derived,
+        "env": env,
+        "unsupported": unsupported,
+        "metavar": metavar,
+        "secret": secret,
+    }
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_name(field_name: str) -> str:
+    """`rollout_batch_size` -> `--rollout-batch-size`."""
+    return "--" + field_name.replace("_", "-")
