@@ -9,6 +9,8 @@ Every option of `miles` is a dataclass field created with `option(...)`. The fie
 - `env`: an environment variable whose value, when set, replaces the default (e.g. PROMETHEUS_PORT);
 - `unsupported`: why this option cannot take a non-default value yet (e.g. "needs the SGLang rollout
   backend"); setting it is rejected with that reason rather than silently ignored;
+- `flag`: the flag's name when it is not the field name in kebab case (e.g. `--from` for `from_format`);
+- `secret`: the value is masked in the printed options table (keys, tokens);
 - `choices`: taken from a `Literal[...]` annotation, never written twice.
 
 Nothing here imports anything heavy: `miles --help` reads these declarations.
@@ -38,6 +40,7 @@ def option(
     env: str | None = None,
     unsupported: str | None = None,
     metavar: str | None = None,
+    flag: str | None = None,
     secret: bool = False,
 ) -> Any:
     """Declare an option. See the module docstring for what each piece of metadata means."""
@@ -51,6 +54,7 @@ def option(
         "env": env,
         "unsupported": unsupported,
         "metavar": metavar,
+        "flag": flag,
         "secret": secret,
     }
     if default_factory is not None:
@@ -58,6 +62,7 @@ def option(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def flag_name(field_name: str) -> str:
-    """`rollout_batch_size` -> `--rollout-batch-size`."""
-    return "--" + field_name.replace("_", "-")
+def flag_name(f: dataclasses.Field) -> str:
+    """The flag of a field: its declared `flag`, else `rollout_batch_size` -> `--rollout-batch-size`."""
+    declared = f.metadata.get("flag")
+    return declared or "--" + f.name.replace("_", "-")
