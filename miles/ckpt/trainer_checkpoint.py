@@ -1,0 +1,185 @@
+"""Atomic trainer checkpoints: `<save_dir>/iter_<rollout_id:07d>/` plus a tracker file.
+
+Layout (the tracker name is the one upstream miles and Megatron use):
+
+    <save_dir>/latest_checkpointed_iteration.txt   the rollout id of the last complete checkpoint
+    <save_dir>/iter_0000007/trainer_state.pt       model + optimizer + LR schedule + RNG (torch.save)
+    <save_dir>/iter_0000007/extra.json             the driver's data: data-source position, ... (json)
+
+Crash safety: a checkpoint is written into `<save_dir>/.tmp-iter_<id>-<pid>/`, every file fsynced,
+the directory renamed to `iter_<id>` only when complete, and the tracker rewritten (temp file +
+`os.replace`) last. A SIGKILL at any moment leaves either the previous tracker (the new directory is
+ignored) or the new one pointing at a complete directory. Temp directories left by a killed writer
+are removed by the next save or load. The tracker is the only source of truth: an `iter_*` directory
+it does not name is never loaded.
+
+Not here: the HF export (`miles.ckpt.hf_export`) and the megatron `torch_dist` format.
+
+Use:
+
+    save_checkpoint(save_dir, rollout_id, trainer.state_dict(), {"data_position": 12}, keep_last=3)
+    found = load_latest_checkpoint(save_dir)        # None when nothing complete is there
+    if found: rollout_id, state, extra = found; trainer.load_state_dict(state)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from miles.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+TRACKER = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.pt"
+EXTRA_FILE = "extra.json"
+_TMP_PREFIX = ".tmp-"
+# An older checkpoint of the same id moved aside while its replacement is renamed in; restored by a
+# load if the process died between the two renames.
+_REPLACED_PREFIX = ".replaced-"
+_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+
+
+def iter_dir_name(rollout_id: int) -> str:
+    return f"iter_{rollout_id:07d}"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # A rename is durable only once the directory holding the entry is fsynced.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _clean_temp_dirs(save_dir: Path) -> None:
+    for entry in save_dir.iterdir():
+        if entry.name.startswith(_TMP_PREFIX) and entry.is_dir():
+            logger.warning("removing incomplete checkpoint %s (left by an interrupted save)", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _recover_replaced(save_dir: Path) -> None:
+    for entry in save_dir.glob(f"{_REPLACED_PREFIX}iter_*"):
+        final = save_dir / entry.name[len(_REPLACED_PREFIX) :]
+        if final.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            logger.warning("restoring %s: a re-save of the same rollout id was interrupted", final)
+            os.rename(entry, final)
+
+
+def read_tracker(save_dir: str | os.PathLike[str]) -> int | None:
+    """The rollout id named by the tracker, or None when there is no tracker."""
+    tracker = Path(save_dir) / TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{tracker} holds {text!r}, not a rollout id") from None
+
+
+def list_checkpoints(save_dir: str | os.PathLike[str]) -> list[int]:
+    """Rollout ids of the complete (renamed) `iter_*` directories, ascending."""
+    save_dir = Path(save_dir)
+    if not save_dir.is_dir():
+        return []
+    ids = [int(m.group(1)) for e in save_dir.iterdir() if (m := _ITER_RE.match(e.name)) and e.is_dir()]
+    return sorted(ids)
+
+
+def save_checkpoint(
+    save_dir: str | os.PathLike[str],
+    rollout_id: int,
+    trainer_state: dict[str, Any],
+    extra: dict[str, Any],
+    *,
+    keep_last: int | None = None,
+) -> Path:
+    """Write the checkpoint of `rollout_id` atomically and point the tracker at it; returns its dir.
+
+    `extra` must be json-able (checked before anything is written). With `keep_last=N`, complete
+    checkpoints older than the newest N are deleted after the tracker moved.
+    """
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    extra_text = json.dumps(extra, indent=2, sort_keys=True)
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    _recover_replaced(save_dir)
+    _clean_temp_dirs(save_dir)
+
+    final = save_dir / iter_dir_name(rollout_id)
+    tmp = save_dir / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp.mkdir()
+    torch.save(trainer_state, tmp / STATE_FILE)
+    (tmp / EXTRA_FILE).write_text(extra_text)
+    for f in (STATE_FILE, EXTRA_FILE):
+        _fsync_file(tmp / f)
+    _fsync_dir(tmp)
+
+    if final.exists():
+        # Re-saving an id: move the old one aside first; a crash between the two renames leaves the
+        # old directory under `.replaced-`, which `_recover_replaced` puts back.
+        trash = save_dir / f"{_REPLACED_PREFIX}{final.name}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(save_dir)
+
+    tracker_tmp = save_dir / f"{_TMP_PREFIX}{TRACKER}-{os.getpid()}"
+    tracker_tmp.write_text(f"{rollout_id}\n")
+    _fsync_file(tracker_tmp)
+    os.replace(tracker_tmp, save_dir / TRACKER)
+    _fsync_dir(save_dir)
+
+    if keep_last is not None:
+        for old in list_checkpoints(save_dir)[:-keep_last]:
+            if old != rollout_id:
+                shutil.rmtree(save_dir / iter_dir_name(old), ignore_errors=True)
+    return final
+
+
+def load_latest_checkpoint(load_dir: str | os.PathLike[str]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """`(rollout_id, trainer_state, extra)` of the checkpoint the tracker names, or None when the
+    directory, the tracker or the named checkpoint is missing. Incomplete temp dirs are removed."""
+    load_dir = Path(load_dir)
+    if not load_dir.is_dir():
+        return None
+    _recover_replaced(load_dir)
+    _clean_temp_dirs(load_dir)
+    for stray in load_dir.glob(f"{_TMP_PREFIX}{TRACKER}-*"):
+        stray.unlink(missing_ok=True)
+    rollout_id = read_tracker(load_dir)
+    if rollout_id is None:
+        if list_checkpoints(load_dir):
+            logger.warning("%s has iter_* directories but no %s; not resuming from them", load_dir, TRACKER)
+        return None
+    ckpt = load_dir / iter_dir_name(rollout_id)
+    if not (ckpt / STATE_FILE).is_file() or not (ckpt / EXTRA_FILE).is_file():
+        raise UserError(
+            f"--load {load_dir}: {TRACKER} names rollout {rollout_id} but {ckpt.name} is missing or "
+            "incomplete; restore that directory or point --load at another checkpoint directory.",
+            option="--load",
+        )
+    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
+    extra = json.loads((ckpt / EXTRA_FILE).read_text())
+    return rollout_id, state, extra
