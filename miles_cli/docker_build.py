@@ -1,0 +1,148 @@
+"""`miles docker-build`: build (or print the command that builds) one of the miles Docker images.
+
+    miles docker-build --variant cu13 --image-tag dev --dry-run          # print the argv, run nothing
+    miles docker-build --variant cu12-x86 --image-tag latest --push
+    miles docker-build --variant rocm700-mi35x --image-tag custom --custom-tag v0.1.0
+
+The variants, tag rules and the argv come from `miles.docker_images` (standard library only, so
+this module never imports torch, ray or transformers). Without --dry-run it checks that a Docker
+engine and buildx answer (each within DOCKER_PROBE_TIMEOUT_S), then runs `docker buildx build` as
+an argv list from the repository root, streaming buildx's own progress display. It is not a CI
+pipeline: it builds one variant per call and never decides whether a rebuild is needed (compare the
+published `miles.image-inputs` label with `miles.docker_images.image_inputs_hash` for that).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import datetime, timezone
+from typing import Annotated, Optional
+
+import typer
+
+from miles.docker_images import DEFAULT_DOCKERFILE, ImageTagMode, VariantName, find_repo_root, plan_build
+from miles.errors import UserError
+
+DOCKER_PROBE_TIMEOUT_S = 20.0
+# A cold multi-arch build compiles for hours; this only catches a build that hangs forever.
+BUILD_TIMEOUT_S = 8 * 3600.0
+
+_IMAGE = "Image"
+_BUILD = "Build"
+
+
+def _utc_now() -> datetime:
+    """The clock for dev tags (tests replace it to get a fixed timestamp)."""
+    return datetime.now(timezone.utc)
+
+
+def _probe(argv: list[str], what: str) -> None:
+    """Run a quick Docker command; a UserError saying what did not answer when it fails."""
+    hint = "or pass --dry-run to only print the build command"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=DOCKER_PROBE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise UserError(f"No `docker` command is on PATH; install Docker with buildx, {hint}.") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"`{' '.join(argv)}` did not answer within {DOCKER_PROBE_TIMEOUT_S:.0f} s while checking "
+            f"{what}; start or repair the Docker engine, {hint}."
+        ) from None
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        reason = lines[-1] if lines else f"exit code {done.returncode}"
+        raise UserError(f"{what} is not available ({reason}); start it or install it, {hint}.")
+
+
+def check_docker() -> None:
+    """Fail with a UserError unless a Docker engine and the buildx plugin both answer."""
+    _probe(["docker", "info", "--format", "{{.ServerVersion}}"], "the Docker engine")
+    _probe(["docker", "buildx", "version"], "docker buildx")
+
+
+def docker_build(
+    variant: Annotated[
+        VariantName,
+        typer.Option(help="Which image to build (see docs/docker.md for each one).", rich_help_panel=_IMAGE),
+    ],
+    image_tag: Annotated[
+        ImageTagMode,
+        typer.Option(
+            help="latest: <image>:latest<postfix>; dev: <image>:<prefix><postfix> plus a copy suffixed "
+            "-<UTC YYYYmmddHHMM>; custom: <image>:<--custom-tag><postfix>.",
+            rich_help_panel=_IMAGE,
+        ),
+    ],
+    custom_tag: Annotated[
+        str,
+        typer.Option(help="The tag for --image-tag custom (required then, rejected otherwise).", rich_help_panel=_IMAGE),
+    ] = "",
+    build_arg: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--build-arg",
+            metavar="KEY=VALUE",
+            help="Extra Docker build arg; repeatable; overrides the variant's and an earlier one with the same KEY.",
+            rich_help_panel=_BUILD,
+        ),
+    ] = None,
+    dockerfile: Annotated[
+        Optional[str],
+        typer.Option(
+            help=f"Dockerfile relative to the repository root (default: {DEFAULT_DOCKERFILE}); "
+            "ROCm variants always use their own docker/Dockerfile.rocm.",
+            rich_help_panel=_BUILD,
+        ),
+    ] = None,
+    push: Annotated[
+        bool, typer.Option(help="Push the tags to the registry when the build succeeds.", rich_help_panel=_BUILD)
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            help="Print the exact `docker buildx build` command as one shell-quoted line and exit; needs no Docker.",
+            rich_help_panel=_BUILD,
+        ),
+    ] = False,
+) -> None:
+    """Build a miles Docker image (SGLang base image + this checkout) with docker buildx."""
+    repo_root = find_repo_root()
+    try:
+        plan = plan_build(
+            variant,
+            image_tag,
+            repo_root=repo_root,
+            environ=os.environ,
+            now=_utc_now(),
+            custom_tag=custom_tag,
+            build_args=build_arg or [],
+            dockerfile=dockerfile,
+            push=push,
+        )
+    except UserError as err:
+        if err.option is None:
+            raise
+        # Option mistakes get Click's usage message and exit code 2 under any Typer app.
+        raise typer.BadParameter(str(err), param_hint=f"'{err.option}'") from None
+    if dockerfile is not None and plan.dockerfile != dockerfile and plan.variant.dockerfile:
+        typer.echo(
+            f"note: variant {variant} always builds from {plan.dockerfile}; --dockerfile {dockerfile} is ignored.",
+            err=True,
+        )
+    if dry_run:
+        typer.echo(plan.shell_line())
+        typer.echo(f"(run from {plan.repo_root})", err=True)
+        return
+    check_docker()
+    typer.echo(f"+ {plan.shell_line()}", err=True)
+    try:
+        done = subprocess.run(plan.argv, cwd=plan.repo_root, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        typer.echo(f"docker buildx build of {variant} did not finish within {BUILD_TIMEOUT_S / 3600:.0f} h; stopped it.", err=True)
+        raise typer.Exit(1) from None
+    if done.returncode != 0:
+        typer.echo(f"docker buildx build of {variant} failed with exit code {done.returncode} (its output is above).", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"built {', '.join(plan.tags)}" + (" and pushed" if push else ""), err=True)
+
