@@ -1,0 +1,180 @@
+"""The engine configuration: one typed dataclass per option group, and the index of all options.
+
+`EngineConfig` is the single source of truth for every engine option. The CLI flags, `--help`, the
+printed options table and `docs/reference/cli.md` are all generated from the declarations collected
+here by `option_specs()`; `resolve()` (miles/config/resolve.py) fills derived defaults and rejects
+contradictions. Importing this module is cheap (no torch, ray or transformers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from miles.config.algo import AlgoConfig
+from miles.config.ckpt import CheckpointConfig
+from miles.config.cluster import ClusterConfig
+from miles.config.data import DataConfig
+from miles.config.debug import DebugConfig
+from miles.config.eval import EvalConfig
+from miles.config.fault_tolerance import FaultToleranceConfig
+from miles.config.fields import Derived, flag_name
+from miles.config.optimizer import OptimizerConfig
+from miles.config.reward import RewardConfig
+from miles.config.rollout import RolloutConfig
+from miles.config.tracking import TrackingConfig
+from miles.config.train import TrainConfig
+
+# (attribute on EngineConfig, dataclass, help panel title) in the order help and docs show them.
+GROUPS: tuple[tuple[str, type, str], ...] = (
+    ("cluster", ClusterConfig, "Cluster"),
+    ("train", TrainConfig, "Training"),
+    ("rollout", RolloutConfig, "Rollout"),
+    ("data", DataConfig, "Data"),
+    ("eval", EvalConfig, "Eval"),
+    ("algo", AlgoConfig, "Algorithm"),
+    ("reward", RewardConfig, "Reward"),
+    ("optimizer", OptimizerConfig, "Optimizer"),
+    ("ckpt", CheckpointConfig, "Checkpoint"),
+    ("tracking", TrackingConfig, "Tracking"),
+    ("fault_tolerance", FaultToleranceConfig, "Fault tolerance"),
+    ("debug", DebugConfig, "Debug"),
+)
+
+
+@dataclass
+class EngineConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def get(self, name: str) -> Any:
+        return getattr(getattr(self, spec(name).group), name)
+
+    def set(self, name: str, value: Any) -> None:
+        setattr(getattr(self, spec(name).group), name, value)
+
+    def flat(self) -> dict[str, Any]:
+        """Every option as `{field_name: value}` in help order (for tables, MLflow params, dumps)."""
+        return {s.name: self.get(s.name) for s in option_specs()}
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Everything the CLI, the docs and resolve() need to know about one option."""
+
+    name: str  # field name, unique across all groups (and across recipe options)
+    group: str  # attribute of EngineConfig (or "recipe")
+    panel: str
+    field: dataclasses.Field
+    kind: Literal["bool", "tristate", "int", "float", "str", "choice", "list"]
+    base_type: type  # element type for lists; the scalar type otherwise
+    choices: tuple[Any, ...] | None
+    optional: bool  # None is a legal value
+
+    @property
+    def flag(self) -> str:
+        return flag_name(self.field)
+
+    @property
+    def help(self) -> str:
+        return self.field.metadata.get("help", "")
+
+    @property
+    def derived(self) -> Derived | None:
+        return self.field.metadata.get("derived")
+
+    @property
+    def env(self) -> str | None:
+        return self.field.metadata.get("env")
+
+    @property
+    def unsupported(self) -> str | None:
+        return self.field.metadata.get("unsupported")
+
+    @property
+    def secret(self) -> bool:
+        return bool(self.field.metadata.get("secret"))
+
+    @property
+    def default(self) -> Any:
+        """The declared default (before environment variables and recipes)."""
+        if self.field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            return self.field.default_factory()  # type: ignore[misc]
+        return None if self.field.default is dataclasses.MISSING else self.field.default
+
+
+def describe_type(annotation: Any) -> tuple[str, type, tuple[Any, ...] | None, bool]:
+    """(kind, base type, choices, optional) of a field annotation such as `int | None` or `Literal[...]`."""
+    optional = False
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        if len(args) != 1:
+            raise TypeError(f"unsupported option type {annotation!r}")
+        annotation = args[0]
+        origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        return "choice", type(choices[0]), choices, optional
+    if origin in (list, tuple):
+        (elem,) = typing.get_args(annotation)[:1]
+        return "list", elem, None, optional
+    if annotation is bool:
+        return ("tristate" if optional else "bool"), bool, None, optional
+    if annotation in (int, float, str):
+        return annotation.__name__, annotation, None, optional
+    raise TypeError(f"unsupported option type {annotation!r}")
+
+
+def specs_of(cls: type, group: str, panel: str) -> list[OptionSpec]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        kind, base, choices, optional = describe_type(hints[f.name])
+        out.append(OptionSpec(f.name, group, panel, f, kind, base, choices, optional))
+    return out
+
+
+@functools.cache
+def option_specs() -> tuple[OptionSpec, ...]:
+    specs: list[OptionSpec] = []
+    for group, cls, panel in GROUPS:
+        specs.extend(specs_of(cls, group, panel))
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise AssertionError(f"option names must be unique across groups: {sorted(dupes)}")
+    return tuple(specs)
+
+
+@functools.cache
+def _index() -> dict[str, OptionSpec]:
+    return {s.name: s for s in option_specs()}
+
+
+def spec(name: str) -> OptionSpec:
+    return _index()[name]
+
+
+def spec_by_flag(flag: str) -> OptionSpec | None:
+    for s in option_specs():
+        if s.flag == flag:
+            return s
+    return None

@@ -1,0 +1,144 @@
+"""`build_config()` and `resolve()`: from option values to a complete, checked engine configuration.
+
+Precedence, lowest first: the declared default, an environment variable declared with `env=`, the
+recipe's values, the command line, `--extra-args`, and the tokens after `--` (later wins).
+`resolve()` then rejects options that cannot take effect in this build (`unsupported=`), fills every
+derived option that is still unset from the rule declared next to its field (`Derived`), and checks
+the invariants between options. It never reads files or starts anything.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Mapping
+
+from miles.config.engine import EngineConfig, option_specs
+from miles.config.values import format_value, parse_scalar
+from miles.errors import UserError
+
+Purpose = Literal["train", "eval"]
+
+
+def build_config(values: Mapping[str, Any], *, environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """An unresolved config: declared defaults, then environment variables, then `values` (by field name)."""
+    environ = os.environ if environ is None else environ
+    cfg = EngineConfig()
+    for spec in option_specs():
+        if spec.env and spec.name not in values and environ.get(spec.env):
+            cfg.set(spec.name, parse_scalar(spec, environ[spec.env], source=f"${spec.env}"))
+    for name, value in values.items():
+        cfg.set(name, value)
+    return cfg
+
+
+def effective_default(name: str, *, environ: Mapping[str, str] | None = None) -> Any:
+    """The default an option really has here: its environment variable's value if set, else the declared one."""
+    environ = os.environ if environ is None else environ
+    from miles.config.engine import spec
+
+    s = spec(name)
+    if s.env and environ.get(s.env):
+        return parse_scalar(s, environ[s.env], source=f"${s.env}")
+    return s.default
+
+
+def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
+    """Reject unsupported settings, fill derived defaults, check invariants. Mutates and returns `cfg`."""
+    for spec in option_specs():
+        if spec.unsupported and cfg.get(spec.name) != spec.default:
+            raise UserError(
+                f"{spec.flag} {format_value(cfg.get(spec.name))} cannot take effect: {spec.unsupported}; "
+                f"remove the flag (default {format_value(spec.default)}).",
+                option=spec.flag,
+            )
+    for spec in option_specs():
+        if spec.derived is not None and cfg.get(spec.name) is None:
+            cfg.set(spec.name, spec.derived.rule(cfg))
+    _check(cfg, purpose)
+    return cfg
+
+
+def _require(condition: bool, message: str, option: str) -> None:
+    if not condition:
+        raise UserError(message, option=option)
+
+
+def _check(cfg: EngineConfig, purpose: Purpose) -> None:
+    d, r, c = cfg.data, cfg.rollout, cfg.cluster
+    _require(
+        cfg.train.train_backend == "torch",
+        "--train-backend megatron cannot run yet: the megatron-core trainer is not built (miles convert already "
+        "writes its torch_dist checkpoints); use --train-backend torch.",
+        "--train-backend",
+    )
+    _require(
+        r.rollout_backend == "builtin",
+        "--rollout-backend sglang cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
+        "--rollout-backend",
+    )
+    for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "num_gpus_per_node"):
+        _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
+    _require(
+        c.actor_num_nodes == 1,
+        "--actor-num-nodes > 1 needs a multi-node Ray cluster, which this build does not launch yet; use 1.",
+        "--actor-num-nodes",
+    )
+    _require(d.n_samples_per_prompt >= 1, "--n-samples-per-prompt must be at least 1.", "--n-samples-per-prompt")
+    _require(r.rollout_max_response_len >= 1, "--rollout-max-response-len must be at least 1.", "--rollout-max-response-len")
+    _require(r.rollout_temperature >= 0, "--rollout-temperature must be >= 0 (0 = greedy).", "--rollout-temperature")
+    _require(0 < r.rollout_top_p <= 1, "--rollout-top-p must be in (0, 1].", "--rollout-top-p")
+    _require(r.update_weight_buffer_size > 0, "--update-weight-buffer-size must be positive.", "--update-weight-buffer-size")
+    if r.rollout_max_context_len is not None and r.rollout_max_prompt_len is not None:
+        _require(
+            r.rollout_max_prompt_len <= r.rollout_max_context_len - 1,
+            "--rollout-max-prompt-len must be at most --rollout-max-context-len − 1; lower it or raise the context length.",
+            "--rollout-max-prompt-len",
+        )
+    if cfg.eval.eval_prompt_data is not None:
+        _require(
+            len(cfg.eval.eval_prompt_data) % 2 == 0,
+            "--eval-prompt-data takes NAME PATH pairs; give an even number of values, e.g. --eval-prompt-data arith eval.jsonl.",
+            "--eval-prompt-data",
+        )
+    if cfg.eval.eval_interval is not None:
+        _require(cfg.eval.eval_interval >= 1, "--eval-interval must be at least 1.", "--eval-interval")
+        _require(
+            bool(cfg.eval.eval_prompt_data),
+            "--eval-interval needs eval datasets; add --eval-prompt-data NAME PATH or drop --eval-interval.",
+            "--eval-interval",
+        )
+    if cfg.ckpt.save_interval is not None:
+        _require(cfg.ckpt.save_interval >= 1, "--save-interval must be at least 1.", "--save-interval")
+        _require(cfg.ckpt.save is not None, "--save-interval needs --save DIR; add it or drop --save-interval.", "--save-interval")
+    cfg.algo.check(d.n_samples_per_prompt)
+    cfg.reward.check()
+    if purpose != "train":
+        return
+    _require(
+        (d.num_rollout is None) != (d.num_epoch is None),
+        "Give exactly one of --num-rollout and --num-epoch.",
+        "--num-rollout",
+    )
+    _require(d.rollout_batch_size is not None and d.rollout_batch_size >= 1, "--rollout-batch-size is required (≥ 1).", "--rollout-batch-size")
+    _require(d.num_steps_per_rollout >= 1, "--num-steps-per-rollout must be at least 1; lower --global-batch-size.", "--num-steps-per-rollout")
+    _require(
+        d.rollout_batch_size * d.n_samples_per_prompt == d.global_batch_size * d.num_steps_per_rollout,
+        f"--rollout-batch-size × --n-samples-per-prompt ({d.rollout_batch_size} × {d.n_samples_per_prompt}) must equal "
+        f"--global-batch-size × --num-steps-per-rollout ({d.global_batch_size} × {d.num_steps_per_rollout}); "
+        "change one of them.",
+        "--global-batch-size",
+    )
+    _require(cfg.train.micro_batch_size >= 1, "--micro-batch-size must be at least 1.", "--micro-batch-size")
+    _require(
+        r.over_sampling_batch_size >= d.rollout_batch_size,
+        "--over-sampling-batch-size must be at least --rollout-batch-size.",
+        "--over-sampling-batch-size",
+    )
+    world = c.actor_num_nodes * c.actor_num_gpus_per_node
+    _require(
+        d.global_batch_size % world == 0,
+        f"--global-batch-size ({d.global_batch_size}) must be divisible by the number of training workers "
+        f"(--actor-num-nodes × --actor-num-gpus-per-node = {world}).",
+        "--global-batch-size",
+    )
+    _require(d.prompt_data is not None, "--prompt-data is required to train; give a .jsonl or .parquet file.", "--prompt-data")

@@ -1,0 +1,39 @@
+"""`miles convert`: Hugging Face safetensors ⇄ megatron-core torch_dist checkpoints.
+
+Options come from `miles.config.convert.ConvertOptions`; the work is `miles.ckpt.convert.run_convert`,
+imported only when the command runs (it needs torch and megatron-core).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import typer
+
+from miles.config.convert import ConvertOptions
+from miles.config.engine import specs_of
+from miles.errors import UserError
+from miles_cli.errors import UsageFailure
+from miles_cli.params import make_parameter, with_signature
+
+SUMMARY = "Convert checkpoints between Hugging Face safetensors and megatron-core torch_dist."
+
+
+def build_convert_command():
+    specs = specs_of(ConvertOptions, "convert", "Convert")
+    defaults = ConvertOptions()
+    params = [make_parameter(s, getattr(defaults, s.name)) for s in specs]
+
+    def convert(**kwargs: Any) -> None:
+        try:
+            opts = ConvertOptions(**kwargs)
+            opts.check()
+            from miles.ckpt.convert import run_convert
+
+            run_convert(opts)
+        except UserError as e:
+            raise UsageFailure(str(e)) from None
+
+    convert.__doc__ = SUMMARY
+    return with_signature(convert, params)

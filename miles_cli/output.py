@@ -1,0 +1,51 @@
+"""Rich output of the CLI: the resolved options table printed on start, and the dry-run plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from miles.config.engine import option_specs
+from miles.config.values import format_value
+
+console = Console(stderr=False)
+
+
+def _cell(value: Any, secret: bool = False) -> str:
+    text = "****" if secret and value else format_value(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def print_options_table(inv) -> None:
+    """Recipe options, then every engine option with its value and where the value came from."""
+    table = Table(title=f"miles {inv.command} — {inv.options.model_name}", show_lines=False, expand=False)
+    table.add_column("Option", style="cyan", no_wrap=True)
+    table.add_column("Value", overflow="fold")
+    table.add_column("Source", style="dim")
+    for f in dataclasses.fields(inv.options):
+        table.add_row("--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), "recipe option")
+    last_panel = None
+    for s in option_specs():
+        if s.panel != last_panel:
+            table.add_section()
+            last_panel = s.panel
+        table.add_row(s.flag, _cell(inv.config.get(s.name), s.secret), inv.sources.get(s.name, ""))
+    console.print(table)
+
+
+def print_plan(inv) -> None:
+    """The prepare steps `full-train` would run (and which are already complete), for --dry-run."""
+    if inv.command == "full-train":
+        console.print("[bold]Prepare steps[/bold] (skipped when their sentinel exists):")
+        for step in inv.plan.prepare:
+            done = os.path.exists(step.sentinel)
+            mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
+            console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+    if inv.plan.env:
+        console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.plan.env.items()))
+    console.print(f"[bold]Run directory[/bold]: {inv.options.run_dir}")
+    console.print("Dry run: nothing was started.")

@@ -1,0 +1,80 @@
+"""What every recipe is: a dataclass of recipe options and a pure `plan()` from options to a run.
+
+A recipe only describes. `plan(options)` returns a `RecipePlan`: the engine option values the recipe
+sets (by field name; the command line, `--extra-args` and `--` override them), environment variables
+for the run, and the prepare steps `miles full-train` runs before training, each guarded by a
+sentinel so a rerun skips what is complete. The steps name functions in `miles/` by import path, so
+importing a recipe stays as cheap as `miles --help` needs.
+
+Recipe options become CLI flags with the same generator as engine options (`--x/--no-x` for bools,
+choices for Literal) and can also be set with `MILES_SCRIPT_<FIELD>` environment variables (the command
+line wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from miles.config.fields import Derived, option
+
+ENV_PREFIX = "MILES_SCRIPT_"
+
+
+@dataclass(frozen=True)
+class PrepareStep:
+    """One prepare step of `miles full-train`: `function(**kwargs)` unless `sentinel` already exists."""
+
+    name: str
+    function: str  # "package.module:function"
+    kwargs: dict[str, Any]
+    sentinel: str  # a file the step writes last; its presence means the step is complete
+    description: str = ""
+
+
+@dataclass
+class RecipePlan:
+    engine: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    prepare: list[PrepareStep] = field(default_factory=list)
+
+
+@dataclass
+class RecipeOptions:
+    """Options every recipe has. Recipes subclass this and may change defaults or add options."""
+
+    model_name: str = option("tiny-qwen3", help="Recipe (model) to run; `miles <command> --model-name NAME --help` shows its defaults.")
+    mode: Literal["normal", "debug_minimal"] = option(
+        "normal", help="normal runs the recipe as designed; debug_minimal runs a few steps to check the wiring."
+    )
+    run_id: str | None = option(
+        help="Name of this run; outputs go to <output-dir>/<run-id>, and rerunning with the same id resumes it.",
+        derived=Derived("equal to --model-name", lambda r: r.model_name),
+    )
+    num_nodes: int = option(1, help="Nodes in the job.")
+    num_gpus_per_node: int = option(8, help="Devices per node (on CPU: training worker processes).")
+    hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
+        "auto", help="Hardware the recipe is tuned for; auto detects it (cpu when no GPU is visible)."
+    )
+    train_backend: Literal["torch", "megatron"] = option("torch", help="Trainer backend the recipe uses.")
+    train_deterministic: bool = option(
+        False, help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights."
+    )
+    output_dir: str = option("runs", help="Where runs write checkpoints, metrics and plots (<output-dir>/<run-id>).")
+    model_dir: str = option("runs/models", help="Where prepared models live.")
+    data_dir: str = option("runs/data", help="Where prepared datasets live.")
+    extra_args: str = option(
+        "", help='Engine flags appended after the recipe\'s and the command line\'s, e.g. "--lr 1e-5 --num-rollout 10"; later wins.'
+    )
+
+    def resolve(self) -> "RecipeOptions":
+        for f in dataclasses.fields(self):
+            d = f.metadata.get("derived")
+            if d is not None and getattr(self, f.name) is None:
+                setattr(self, f.name, d.rule(self))
+        return self
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.output_dir}/{self.run_id}"
