@@ -46,7 +46,7 @@ def _probe(argv: list[str], what: str) -> None:
         raise UserError(f"No `docker` command is on PATH; install Docker with buildx, {hint}.") from None
     except subprocess.TimeoutExpired:
         raise UserError(
-            f"`{' '.join(argv)}` did not answer within {DOCKER_PROBE_TIMEOUT_S:.0f} s while checking "
+            f"`{' '.join(argv)}` did not answer within {DOCKER_PROBE_TIMEOUT_S:g} s while checking "
             f"{what}; start or repair the Docker engine, {hint}."
         ) from None
     if done.returncode != 0:
