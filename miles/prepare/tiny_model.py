@@ -1,0 +1,127 @@
+"""Create the embedded default model: a tiny random-init Qwen3 checkpoint and a character tokenizer.
+
+`create_tiny_qwen3(out_dir)` writes a Hugging Face model directory that `AutoModelForCausalLM` and
+`AutoTokenizer` load from disk, with nothing downloaded:
+
+- `config.json` + `model.safetensors`: a Qwen3 causal LM (by default hidden 64, 2 layers, 4 query and
+  2 key/value heads, MLP 256, ~124k parameters, the size of the TRL CPU baseline), initialised from
+  `seed`. The same arguments give the same bytes.
+- `tokenizer.json` + `tokenizer_config.json`: a character-level tokenizer built with the `tokenizers`
+  library over the characters of the arithmetic task (`TASK_CHARS`) and three specials
+  (`<|pad|>`, `<|bos|>`, `<|eos|>`). The model never sees characters outside the task, so there is
+  no need for byte fallback; an unknown character maps to `<|unk|>`.
+- `generation_config.json` with the eos/pad/bos ids, so a plain `generate` stops at `<|eos|>`.
+
+It is not a pretrained model: it knows nothing until the SFT warm start teaches it the task format.
+
+Usage:
+
+    from miles.prepare.tiny_model import create_tiny_qwen3
+    hf_dir = create_tiny_qwen3("runs/tiny/hf", seed=0)   # skipped when already complete
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from miles.prepare import build_once
+
+TASK_CHARS = "0123456789+-*= "
+"""Every character the arithmetic task uses (digits, operators, '=', space)."""
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>")
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = SPECIAL_TOKENS
+
+
+def tiny_vocab() -> dict[str, int]:
+    """Token -> id: the specials first (pad = 0, bos = 1, eos = 2, unk = 3), then `TASK_CHARS`."""
+    return {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *TASK_CHARS))}
+
+
+def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """The character tokenizer as a `PreTrainedTokenizerFast` (not saved; see `create_tiny_qwen3`)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=tiny_vocab(), unk_token=UNK_TOKEN))
+    # Every character (space included) is its own token; decoding glues them back without spaces.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        padding_side="left",  # decoder-only batches are left-padded
+        clean_up_tokenization_spaces=False,
+        model_max_length=512,
+    )
+
+
+def create_tiny_qwen3(
+    out_dir: str | os.PathLike[str],
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Write the tiny Qwen3 model + tokenizer to `out_dir` (atomically) and return its path.
+
+    Skipped when `out_dir` is already complete with the same arguments; a complete directory built
+    with other arguments raises `UserError`.
+    """
+    if hidden_size % heads or heads % kv_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
+        )
+    spec = {
+        "kind": "tiny-qwen3",
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "seed": seed,
+        "vocab": "".join(TASK_CHARS),
+    }
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+        vocab = tiny_vocab()
+        config = Qwen3Config(
+            vocab_size=len(vocab),
+            hidden_size=hidden_size,
+            intermediate_size=intermediate,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=hidden_size // heads,
+            max_position_embeddings=max_position_embeddings,
+            tie_word_embeddings=tie_word_embeddings,
+            bos_token_id=vocab[BOS_TOKEN],
+            eos_token_id=vocab[EOS_TOKEN],
+            pad_token_id=vocab[PAD_TOKEN],
+            torch_dtype="float32",
+        )
+        # fork_rng: seeding must not disturb the caller's global RNG stream.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen3ForCausalLM(config)
+        model.generation_config = GenerationConfig(
+            bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN]
+        )
+        model.save_pretrained(tmp)
+        build_char_tokenizer().save_pretrained(tmp)
+
+    return build_once(out_dir, spec, build, what="tiny Qwen3 model")

@@ -1,0 +1,285 @@
+"""The rollout engine interface: what the driver calls, whether the engine is built in or SGLang.
+
+A rollout engine turns prompts (token ids) into responses (token ids + per-token log-probs) and takes
+new weights from the trainer. Its request and response follow SGLang's `/generate` JSON, so the
+SGLang client is a thin HTTP wrapper and the built-in torch engine (`miles.rollout.engine.builtin`)
+is a drop-in for tests and CPUs:
+
+    request  = {"input_ids": [...], "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                "max_new_tokens": 8, "stop": ["\\n"], "stop_token_ids": [2], "skip_special_tokens": True,
+                "seed": 0}, "return_logprob": True}
+    response = {"output_ids": [...], "text": "...", "output_token_logprobs": [...],
+                "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 4,
+                              "completion_tokens": 2, "weight_version": 3}}
+
+`output_token_logprobs` are, like SGLang's default, `log p(token)` under the distribution it was
+sampled from after temperature scaling and before top-k/top-p truncation, i.e.
+`log_softmax(logits / T)[token]` (T = 1 for greedy). That is what the trainer recomputes when it
+divides its logits by `--rollout-temperature`. (SGLang's `SGLANG_RETURN_ORIGINAL_LOGPROB=1`, and the
+built-in engine's `return_original_logprob=True`, return `log_softmax(logits)` at T = 1 instead.) With
+the default `--rollout-temperature 1.0` the two are the same number.
+
+Weight sync, in the order the driver calls it:
+
+    engine.pause_generation()                  # in-flight requests finish with finish_reason "abort"
+    engine.begin_weight_update()
+    for bucket in iter_weight_buckets(named_tensors, update_weight_buffer_size):
+        engine.update_weights_from_tensors(bucket)   # Hugging Face parameter names
+    engine.end_weight_update(version)          # sets weight_version; responses carry it
+    engine.continue_generation()
+
+This module holds only the types and helpers; it imports no torch at module import time.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """SGLang's `sampling_params` (the subset Miles uses); names and defaults match SGLang's."""
+
+    temperature: float = 1.0
+    """0 means greedy (argmax)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) means no top-k truncation."""
+    max_new_tokens: int = 128
+    stop: list[str] | None = None
+    """Stop strings, matched on the decoded response text; the match is kept in the output."""
+    stop_token_ids: list[int] | None = None
+    """Token ids that finish a response in addition to the model's eos token(s)."""
+    skip_special_tokens: bool = True
+    """Drop special tokens (pad/eos/...) from `text`; `output_ids` always keeps every token."""
+    seed: int | None = None
+    """Per-request seed (SGLang's `sampling_seed`): same seed and prompt -> same sample, whatever the batch."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):  # SGLang accepts a single string
+            self.stop = [self.stop]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplingParams":
+        """Build from SGLang's JSON dict; unknown keys (SGLang has many) are rejected, not ignored."""
+        d = dict(d)
+        if "sampling_seed" in d:  # SGLang's name for the per-request seed
+            d["seed"] = d.pop("sampling_seed")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"sampling_params keys {unknown} are not supported; supported: {sorted(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d.pop("seed") is not None:
+            d["sampling_seed"] = self.seed
+        return d
+
+
+@dataclasses.dataclass
+class GenerateRequest:
+    """One `/generate` request: a prompt as token ids and how to sample its continuation."""
+
+    input_ids: list[int]
+    sampling_params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    rid: str | None = None
+    """Optional request id, echoed in the response's meta_info."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling_params, dict):
+            self.sampling_params = SamplingParams.from_dict(self.sampling_params)
+        if not self.input_ids:
+            raise ValueError("a generate request needs at least one input token")
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "input_ids": list(self.input_ids),
+            "sampling_params": self.sampling_params.to_dict(),
+            "return_logprob": self.return_logprob,
+        }
+        if self.rid is not None:
+            d["rid"] = self.rid
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "GenerateRequest":
+        return cls(
+            input_ids=list(d["input_ids"]),
+            sampling_params=SamplingParams.from_dict(d.get("sampling_params", {})),
+            return_logprob=bool(d.get("return_logprob", False)),
+            rid=d.get("rid"),
+        )
+
+
+@dataclasses.dataclass
+class GenerateResponse:
+    """The answer to one `GenerateRequest`."""
+
+    output_ids: list[int]
+    text: str
+    finish_type: FinishType
+    prompt_tokens: int
+    weight_version: int | None = None
+    output_token_logprobs: list[float] | None = None
+    """One float per output id when the request set `return_logprob` (see the module docstring)."""
+    matched: int | str | None = None
+    """The stop token id or stop string that finished the response (finish_type "stop")."""
+    rid: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def finish_reason(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.finish_type}
+        if self.matched is not None:
+            d["matched"] = self.matched
+        elif self.finish_type == "length":
+            d["length"] = len(self.output_ids)
+        return d
+
+    @property
+    def meta_info(self) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "weight_version": self.weight_version,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"output_ids": self.output_ids, "text": self.text, "meta_info": self.meta_info}
+        if self.output_token_logprobs is not None:
+            d["output_token_logprobs"] = self.output_token_logprobs
+        return d
+
+    @classmethod
+    def from_sglang_json(cls, d: dict[str, Any]) -> "GenerateResponse":
+        """Parse a real SGLang `/generate` answer (its logprobs are `[logprob, token_id, text]` in meta_info)."""
+        meta = d["meta_info"]
+        reason = meta.get("finish_reason") or {"type": "abort"}
+        logprobs = d.get("output_token_logprobs")
+        if logprobs is None and meta.get("output_token_logprobs") is not None:
+            logprobs = [float(item[0]) for item in meta["output_token_logprobs"]]
+        output_ids = d.get("output_ids")
+        if output_ids is None and meta.get("output_token_logprobs") is not None:
+            output_ids = [int(item[1]) for item in meta["output_token_logprobs"]]
+        version = meta.get("weight_version")
+        return cls(
+            output_ids=list(output_ids or []),
+            text=d.get("text", ""),
+            finish_type=reason["type"],
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            weight_version=int(version) if version not in (None, "") else None,
+            output_token_logprobs=logprobs,
+            matched=reason.get("matched"),
+            rid=meta.get("id"),
+        )
+
+
+class RolloutEngine(abc.ABC):
+    """What the driver needs from an engine. Implementations: built-in torch engine, SGLang client."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
+        """Answer every request (same order). While paused, waits for `continue_generation`."""
+
+    @abc.abstractmethod
+    def begin_weight_update(self) -> None:
+        """Start a weight update: waits for in-flight generation to stop; generation is refused until the end."""
+
+    @abc.abstractmethod
+    def update_weights_from_tensors(
+        self, named_tensors: list[tuple[str, "torch.Tensor"]], *, flush: bool = True
+    ) -> None:
+        """Copy one bucket of (Hugging Face name, tensor) into the model; `flush` drops cached KV/prefixes."""
+
+    @abc.abstractmethod
+    def end_weight_update(self, version: int) -> None:
+        """Finish the update; responses generated from now on carry `weight_version == version`."""
+
+    @abc.abstractmethod
+    def pause_generation(self) -> None:
+        """Stop generating: in-flight requests return early with finish_reason "abort"."""
+
+    @abc.abstractmethod
+    def continue_generation(self) -> None:
+        """Undo `pause_generation`."""
+
+    @abc.abstractmethod
+    def flush_cache(self) -> None:
+        """Drop any cached KV / prefix state (stale after a weight update)."""
+
+    @abc.abstractmethod
+    def health(self) -> dict[str, Any]:
+        """A JSON-able status dict; at least {"ok": bool, "weight_version": ..., "paused": bool}."""
+
+    @abc.abstractmethod
+    def get_weights_checksum(self) -> str:
+        """`weights_checksum` of the engine's parameters in HF naming (for `--check-weight-update-equal`)."""
+
+
+def tensor_nbytes(t: "torch.Tensor") -> int:
+    return t.numel() * t.element_size()
+
+
+def iter_weight_buckets(
+    named_tensors: Iterable[tuple[str, "torch.Tensor"]], bucket_bytes: int
+) -> Iterator[list[tuple[str, "torch.Tensor"]]]:
+    """Group (name, tensor) pairs, in order, into buckets of at most `bucket_bytes` bytes each.
+
+    A tensor larger than `bucket_bytes` travels alone in its own bucket (it cannot be split: the
+    receiver copies whole parameters). Lazy: tensors are pulled from `named_tensors` one at a time, so
+    a generator that gathers parameters on demand keeps at most one bucket alive.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive (--update-weight-buffer-size), got {bucket_bytes}")
+    bucket: list[tuple[str, "torch.Tensor"]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor_nbytes(tensor)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def weights_checksum(named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> str:
+    """SHA-256 over sorted (name, dtype, shape, raw bytes): equal iff every tensor is bit-identical.
+
+    Names are sorted so trainer and engine agree whatever order they iterate in; a name listed twice
+    (tied weights exposed under two names) is hashed once.
+    """
+    import torch
+
+    seen: dict[str, torch.Tensor] = {}
+    for name, t in named_tensors:
+        seen.setdefault(name, t)
+    h = hashlib.sha256()
+    for name in sorted(seen):
+        t = seen[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,271 @@
+"""The built-in engine against references: HF `generate`, a full forward pass, itself one-by-one.
+
+The model is the tiny Qwen3 with its matrices redrawn at std 0.3 so greedy outputs are varied (the
+default init at std 0.02 makes every logit nearly equal and every answer the same token), and about
+half of the 100 "a+b=" prompts end in <|eos|> within 8 tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from miles.prepare.tiny_model import create_tiny_qwen3
+from miles.rollout.engine.base import GenerateRequest, SamplingParams, iter_weight_buckets, weights_checksum
+from miles.rollout.engine.builtin import BatchParams, BuiltinEngine, _apply_top_k, _apply_top_p, sample_next
+
+torch.set_num_threads(1)
+
+EOS = 2
+PROMPTS = [f"{a}+{b}=" for a in range(10) for b in range(10)] + ["12+3=", "7=", "9*9-81="]
+
+
+def _sharpen(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3, generator=g)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = create_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "hf", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    _sharpen(model, seed=1)
+    out = tmp_path_factory.mktemp("sharp")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def engine(hf_dir) -> BuiltinEngine:
+    return BuiltinEngine(hf_dir, seed=0, max_batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def hf_model(hf_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+
+
+def _ids(engine: BuiltinEngine, text: str) -> list[int]:
+    return engine.tokenizer(text)["input_ids"]
+
+
+def _req(engine: BuiltinEngine, text: str, **sp) -> GenerateRequest:
+    return GenerateRequest(_ids(engine, text), SamplingParams(**sp), return_logprob=True)
+
+
+def test_greedy_matches_hf_generate_token_for_token(engine, hf_model):
+    prompts = PROMPTS[::7] + PROMPTS[-3:]  # mixed lengths: left padding in both
+    ours = engine.generate([_req(engine, p, temperature=0, max_new_tokens=8) for p in prompts])
+    enc = engine.tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ref = hf_model.generate(
+            **enc, do_sample=False, max_new_tokens=8, eos_token_id=EOS, pad_token_id=engine.pad_token_id
+        )[:, enc["input_ids"].shape[1] :].tolist()
+    n_eos = 0
+    for resp, row in zip(ours, ref):
+        expected = row[: row.index(EOS) + 1] if EOS in row else row
+        assert resp.output_ids == expected
+        n_eos += EOS in expected
+    assert 0 < n_eos < len(prompts)  # both the eos and the length path were compared
+
+
+@pytest.mark.parametrize(
+    "sp, original",
+    [
+        (dict(temperature=1.0), False),
+        (dict(temperature=0.7, top_k=5, top_p=0.9), False),
+        (dict(temperature=0.7, top_k=5), True),
+        (dict(temperature=0.0), False),
+    ],
+)
+def test_logprobs_equal_a_full_forward_pass(hf_dir, hf_model, sp, original):
+    eng = BuiltinEngine(hf_dir, seed=3, return_original_logprob=original)
+    prompts = PROMPTS[:24:3] + PROMPTS[-3:]
+    outs = eng.generate([_req(eng, p, max_new_tokens=8, **sp) for p in prompts])
+    t = sp["temperature"] if sp["temperature"] > 0 and not original else 1.0
+    for prompt, resp in zip(prompts, outs):
+        ids = _ids(eng, prompt) + resp.output_ids
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([ids])).logits[0].float()
+        logp = torch.log_softmax(logits / t, dim=-1)
+        n = len(_ids(eng, prompt))
+        expected = [logp[n - 1 + k, tok].item() for k, tok in enumerate(resp.output_ids)]
+        assert len(resp.output_token_logprobs) == len(resp.output_ids) > 0
+        assert resp.output_token_logprobs == pytest.approx(expected, abs=1e-5)
+
+
+def test_batched_equals_one_by_one_greedy(hf_dir):
+    eng = BuiltinEngine(hf_dir, max_batch_size=16)  # 103 prompts: 7 batches, padding and row dropping
+    reqs = [_req(eng, p, temperature=0, max_new_tokens=10) for p in PROMPTS]
+    batched = eng.generate(reqs)
+    single = [eng.generate([r])[0] for r in reqs[::5]]
+    for b, s in zip(batched[::5], single):
+        assert b.output_ids == s.output_ids
+        assert b.finish_reason == s.finish_reason
+        assert b.output_token_logprobs == pytest.approx(s.output_token_logprobs, abs=1e-5)
+
+
+def test_finish_reasons_stop_token_stop_string_length_and_eos(engine):
+    free = engine.generate([_req(engine, p, temperature=0, max_new_tokens=8) for p in PROMPTS[:20]])
+    # eos (the default stop id): kept in output_ids, dropped from text by skip_special_tokens.
+    with_eos = next(r for r in free if r.finish_type == "stop")
+    assert with_eos.output_ids[-1] == EOS and with_eos.finish_reason == {"type": "stop", "matched": EOS}
+    assert engine.tokenizer.eos_token not in with_eos.text
+    # A long free answer: stop at its 3rd token via stop_token_ids, then via a stop string.
+    i, long = next((i, r) for i, r in enumerate(free) if r.finish_type == "length")
+    assert long.finish_reason == {"type": "length", "length": 8} and len(long.output_ids) == 8
+    tok = long.output_ids[2]
+    first = long.output_ids.index(tok)
+    [r] = engine.generate([_req(engine, PROMPTS[i], temperature=0, max_new_tokens=8, stop_token_ids=[tok])])
+    assert r.output_ids == long.output_ids[: first + 1]
+    assert r.finish_reason == {"type": "stop", "matched": tok}
+    stop = engine.tokenizer.decode(long.output_ids[2:4])
+    [r] = engine.generate([_req(engine, PROMPTS[i], temperature=0, max_new_tokens=8, stop=[stop, "@@"])])
+    assert r.finish_reason == {"type": "stop", "matched": stop}
+    assert r.text.endswith(stop) and stop not in r.text[:-1]
+    assert long.text.startswith(r.text)
+    [r] = engine.generate([_req(engine, PROMPTS[i], temperature=0, max_new_tokens=3)])
+    assert r.output_ids == long.output_ids[:3] and r.finish_reason["type"] == "length"
+    [r] = engine.generate([_req(engine, PROMPTS[i], max_new_tokens=0)])
+    assert r.output_ids == [] and r.finish_type == "length" and r.output_token_logprobs == []
+
+
+def test_same_seed_same_sample_whatever_the_batch(engine):
+    def seeded(seed: int) -> GenerateRequest:
+        return _req(engine, "3+4=", temperature=1.0, max_new_tokens=8, seed=seed)
+
+    alone = engine.generate([seeded(123)])[0]
+    others = [_req(engine, p, temperature=1.0, max_new_tokens=8) for p in PROMPTS[:9]]
+    in_batch = engine.generate(others[:4] + [seeded(123)] + others[4:])[4]
+    assert in_batch.output_ids == alone.output_ids
+    assert in_batch.output_token_logprobs == pytest.approx(alone.output_token_logprobs, abs=1e-5)
+    samples = {tuple(engine.generate([seeded(s)])[0].output_ids) for s in range(8)}
+    assert len(samples) > 1  # the seed matters
+
+
+def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir):
+    def run(seed: int) -> list[list[int]]:
+        eng = BuiltinEngine(hf_dir, seed=seed)
+        reqs = [GenerateRequest(_ids(eng, p), SamplingParams(max_new_tokens=6)) for p in PROMPTS[:16]]
+        return [r.output_ids for r in eng.generate(reqs)]
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_sampler_matches_the_distribution():
+    # 20k draws of one row with p = [0.5, 0.3, 0.15, 0.05]: frequencies within 4 standard errors.
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 20_000
+    logits = probs.log().repeat(n, 1)
+    params = BatchParams(torch.ones(n), torch.full((n,), -1), torch.ones(n), [None] * n)
+    tokens, logp = sample_next(logits, params, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).float() / n
+    assert torch.allclose(freq, probs, atol=4 * (0.25 / n) ** 0.5)
+    assert torch.allclose(logp, probs.log()[tokens])
+    # top-k 2 then top-p 0.5 of the rest (0.5/0.8 = 0.625 >= 0.5): only token 0 survives.
+    params = BatchParams(torch.ones(n), torch.full((n,), 2), torch.full((n,), 0.5), [None] * n)
+    tokens, _ = sample_next(logits, params, torch.Generator().manual_seed(0))
+    assert tokens.eq(0).all()
+
+
+def test_top_k_and_top_p_by_hand():
+    p = torch.tensor([[0.15, 0.5, 0.05, 0.3]] * 4)
+    expected = [
+        [0.0, 0.5, 0.0, 0.3],
+        [0.0, 0.5, 0.0, 0.0],
+        [0.15, 0.5, 0.05, 0.3],
+        [0.15, 0.5, 0.05, 0.3],
+    ]
+    assert torch.equal(_apply_top_k(p, torch.tensor([2, 1, -1, 4])), torch.tensor(expected))
+    # Smallest set reaching p: 0.5 alone reaches 0.5; 0.5+0.3 reach 0.7; 0.5+0.3+0.15 reach 0.9.
+    out = _apply_top_p(p, torch.tensor([0.5, 0.7, 0.9, 1.0]))
+    expected = [
+        [0.0, 0.5, 0.0, 0.0],
+        [0.0, 0.5, 0.0, 0.3],
+        [0.15, 0.5, 0.0, 0.3],
+        [0.15, 0.5, 0.05, 0.3],
+    ]
+    assert torch.equal(out, torch.tensor(expected))
+
+
+def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, hf_model):
+    from transformers import AutoModelForCausalLM
+
+    eng = BuiltinEngine(hf_dir)
+    new = AutoModelForCausalLM.from_pretrained(hf_dir)
+    _sharpen(new, seed=2)
+    sent = list(new.state_dict().items())  # includes the tied lm_head.weight under its own name
+    before = eng.generate([_req(eng, p, temperature=0, max_new_tokens=6) for p in PROMPTS[:10]])
+    buckets = list(iter_weight_buckets(sent, bucket_bytes=20_000))
+    assert len(buckets) > 5
+    eng.pause_generation()
+    eng.begin_weight_update()
+    for bucket in buckets:
+        eng.update_weights_from_tensors(bucket)
+    eng.end_weight_update(7)
+    eng.continue_generation()
+    engine_params = dict(eng.named_parameters())
+    for name, tensor in new.named_parameters():
+        assert torch.equal(engine_params[name], tensor), name
+    assert eng.get_weights_checksum() == weights_checksum(new.named_parameters())
+    assert eng.get_weights_checksum() != weights_checksum(hf_model.named_parameters())
+    after = eng.generate([_req(eng, p, temperature=0, max_new_tokens=6) for p in PROMPTS[:10]])
+    assert all(r.weight_version == 7 for r in after) and before[0].weight_version == 0
+    assert [r.output_ids for r in after] != [r.output_ids for r in before]
+    assert eng.health()["weight_version"] == 7
+
+
+def test_weight_update_rejects_misuse(engine):
+    name, param = next(iter(engine.named_parameters()))
+    with pytest.raises(RuntimeError, match="begin_weight_update"):
+        engine.update_weights_from_tensors([(name, param.clone())])
+    engine.begin_weight_update()
+    try:
+        with pytest.raises(KeyError, match="not a parameter"):
+            engine.update_weights_from_tensors([("model.nope.weight", param.clone())])
+        with pytest.raises(ValueError, match="shape"):
+            engine.update_weights_from_tensors([(name, param.clone()[:1])])
+    finally:
+        engine.end_weight_update(engine.weight_version)
+
+
+def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
+    eng = BuiltinEngine(hf_dir, wait_timeout_s=0.2)
+    calls = {"n": 0}
+    forward = eng.model.forward
+
+    def pausing_forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # prefill + 2 decode steps, then a pause arrives
+            eng.pause_generation()
+        return forward(*args, **kwargs)
+
+    eng.model.forward = pausing_forward
+    out = eng.generate([_req(eng, p, temperature=0, max_new_tokens=50, stop_token_ids=[]) for p in ["1+1=", "2+2="]])
+    eng.model.forward = forward
+    for r in out:
+        if r.finish_type != "stop":  # a row may legitimately hit eos before the pause
+            assert r.finish_reason == {"type": "abort"} and len(r.output_ids) == 3
+    assert any(r.finish_type == "abort" for r in out)
+    with pytest.raises(TimeoutError, match="continue_generation"):
+        eng.generate([_req(eng, "1+1=", max_new_tokens=2)])
+    # A generate() waiting on the pause proceeds as soon as generation continues.
+    eng.wait_timeout_s = 30.0
+    result: list = []
+    waiter = threading.Thread(target=lambda: result.extend(eng.generate([_req(eng, "1+1=", max_new_tokens=2)])))
+    waiter.start()
+    eng.continue_generation()
+    waiter.join(timeout=30)
+    assert len(result) == 1 and result[0].finish_type in ("stop", "length")
+    assert eng.health()["paused"] is False
