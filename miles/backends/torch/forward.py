@@ -1,0 +1,69 @@
+"""Forward passes that return per-token log-probs (and entropies) of each sample's response.
+
+Alignment: a causal LM's logits at position t predict token t + 1. For a sample with L tokens whose
+last R are the response, the response tokens sit at positions L-R .. L-1, so their log-probs come
+from the logits at positions L-R-1 .. L-2. A sample therefore needs at least one prompt token.
+
+Samples of a micro-batch are right-padded to the longest one; with a causal mask, the padding at the
+end cannot change the logits of the real positions before it. Only the response slice of the logits
+is turned into log-probs, so memory beyond the model's own logits is O(response tokens x vocab).
+
+Use: `log_probs, entropies = response_log_probs(model, tokens, response_lengths)`; wrap it in
+`torch.no_grad()` when no gradient is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+EntropyFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def pad_right(token_lists: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` [B, T] right-padded with `pad_id` and the matching 0/1 `attention_mask`."""
+    width = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for i, tokens in enumerate(token_lists):
+        ids[i, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        mask[i, : len(tokens)] = 1
+    return ids, mask
+
+
+def response_log_probs(
+    model: torch.nn.Module,
+    tokens: Sequence[Sequence[int]],
+    response_lengths: Sequence[int],
+    *,
+    entropy_fn: EntropyFn | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """One forward over the samples; per sample the log-probs [R] of its R response tokens (float32).
+
+    With `entropy_fn` (logits [N, V] -> entropy [N]), also the entropy of the model's distribution at
+    each response position. Gradients flow unless the caller disables them.
+    """
+    for t, r in zip(tokens, response_lengths, strict=True):
+        if not 0 <= r < len(t):
+            raise ValueError(
+                f"a sample has {len(t)} tokens and response_length {r}; it needs 0 <= response_length < "
+                "len(tokens) (at least one prompt token predicts the first response token)"
+            )
+    input_ids, attention_mask = pad_right(tokens)
+    logits = model(
+        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
+    ).logits
+    log_probs: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] | None = [] if entropy_fn is not None else None
+    for i, (t, r) in enumerate(zip(tokens, response_lengths)):
+        n = len(t)
+        step_logits = logits[i, n - r - 1 : n - 1].float()
+        targets = input_ids[i, n - r : n].to(logits.device)
+        # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [R, V] log-softmax.
+        lp = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step_logits, dim=-1)
+        log_probs.append(lp)
+        if entropies is not None:
+            entropies.append(entropy_fn(step_logits))
+    return log_probs, entropies

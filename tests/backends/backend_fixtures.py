@@ -1,0 +1,55 @@
+"""Helpers shared by the torch backend tests: a tiny random Qwen3 written to disk (no download) and a
+small synthetic rollout in the train-data format. Imported as `backend_fixtures` (pytest puts this
+directory on sys.path)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+VOCAB = 32
+
+
+def make_tiny_hf_dir(path, *, seed: int = 0, tie_word_embeddings: bool = False) -> str:
+    """Save a 2-layer, hidden-32 Qwen3 causal LM (about 20k parameters) to `path`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie_word_embeddings,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+def make_train_data(n: int, *, seed: int = 0, with_rollout_log_probs: bool = False) -> dict:
+    """`n` samples: prompts of 3-6 tokens, responses of 2-7 tokens, rewards in {-1, 1}, the last
+    response token of every third sample masked out (as a tool token would be)."""
+    rng = random.Random(seed)
+    data = {"tokens": [], "response_lengths": [], "rewards": [], "loss_masks": []}
+    for i in range(n):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 6))]
+        response = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 7))]
+        mask = [1] * len(response)
+        if i % 3 == 2:
+            mask[-1] = 0
+        data["tokens"].append(prompt + response)
+        data["response_lengths"].append(len(response))
+        data["rewards"].append(float(rng.choice([-1.0, 1.0])))
+        data["loss_masks"].append(mask)
+    if with_rollout_log_probs:
+        data["rollout_log_probs"] = [[-rng.uniform(2.0, 4.0) for _ in m] for m in data["loss_masks"]]
+    return data
