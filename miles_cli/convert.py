@@ -13,8 +13,7 @@ import typer
 
 from miles.config.convert import ConvertOptions
 from miles.config.engine import specs_of
-from miles.errors import UserError
-from miles_cli.errors import UsageFailure
+from miles_cli.errors import user_errors_exit_2
 from miles_cli.params import make_parameter, with_signature
 
 SUMMARY = "Convert checkpoints between Hugging Face safetensors and megatron-core torch_dist."
@@ -26,14 +25,12 @@ def build_convert_command():
     params = [make_parameter(s, getattr(defaults, s.name)) for s in specs]
 
     def convert(**kwargs: Any) -> None:
-        try:
+        with user_errors_exit_2():
             opts = ConvertOptions(**kwargs)
             opts.check()
             from miles.ckpt.convert import run_convert
 
             run_convert(opts)
-        except UserError as e:
-            raise UsageFailure(str(e)) from None
 
     convert.__doc__ = SUMMARY
     return with_signature(convert, params)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any, Callable, Literal, Optional
 
-import click
 import typer
+from rich.markup import escape
 
 from miles.config.engine import OptionSpec
 from miles.config.values import format_value
@@ -54,7 +54,8 @@ def shown_default(spec: OptionSpec, default: Any) -> str | bool:
 
 def make_parameter(spec: OptionSpec, default: Any, *, envvar: str | None = None) -> inspect.Parameter:
     decls = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.kind in ("bool", "tristate") else [spec.flag]
-    kwargs: dict[str, Any] = dict(help=help_text(spec, default), rich_help_panel=spec.panel, show_default=False)
+    # Help is rendered as rich markup: escape it so "[default: x]" is shown, not parsed as a style tag.
+    kwargs: dict[str, Any] = dict(help=escape(help_text(spec, default)), rich_help_panel=spec.panel, show_default=False)
     if envvar:
         kwargs["envvar"] = envvar
         kwargs["show_envvar"] = True
@@ -75,12 +76,12 @@ def with_signature(func: Callable[..., Any], parameters: list[inspect.Parameter]
     return func
 
 
-def commandline_values(ctx: click.Context, kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:
+def commandline_values(ctx: typer.Context, kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """The subset of `kwargs` the user gave on the command line (or via an environment variable)."""
     out = {}
     for name in names:
         source = ctx.get_parameter_source(name)
-        if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             value = kwargs[name]
             out[name] = list(value) if isinstance(value, tuple) else value
     return out

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, Literal
 
-import click
 import typer
 
 from miles.config.engine import OptionSpec, option_specs, specs_of
 from miles.config.resolve import build_config, effective_default, resolve
-from miles.config.values import parse_engine_argv
+from miles.config.values import parse_engine_argv, parse_scalar
 from miles.errors import UserError
 from miles_cli.errors import UsageFailure
+from miles_cli.errors import user_errors_exit_2
 from miles_cli.output import print_options_table
 from miles_cli.params import commandline_values, make_parameter, with_signature
 from recipes.base import ENV_PREFIX, RecipeOptions, RecipePlan
@@ -109,8 +110,12 @@ def build_run_command(command: Command, recipe: ModuleType):
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
     ]
     for s in r_specs:
-        default = getattr(recipe.Options(), s.name)  # unresolved: derived recipe options show their rule
-        params.append(make_parameter(s, default, envvar=ENV_PREFIX + s.name.upper()))
+        envvar = ENV_PREFIX + s.name.upper()
+        # The default that applies: MILES_SCRIPT_<FIELD> when set, else the recipe's (derived ones show their rule).
+        default = getattr(recipe.Options(), s.name)
+        if os.environ.get(envvar):
+            default = parse_scalar(s, os.environ[envvar], source=f"${envvar}")
+        params.append(make_parameter(s, default, envvar=envvar))
     for s in e_specs:
         params.append(make_parameter(s, e_defaults[s.name]))
     params.append(
@@ -150,7 +155,7 @@ def build_run_command(command: Command, recipe: ModuleType):
     engine_names = [s.name for s in e_specs]
 
     def run(ctx: typer.Context, **kwargs: Any) -> None:
-        try:
+        with user_errors_exit_2():
             options = recipe.Options(**{n: kwargs[n] for n in recipe_names})
             cli_values = commandline_values(ctx, kwargs, engine_names)
             passthrough = list(ctx.args)
@@ -168,8 +173,6 @@ def build_run_command(command: Command, recipe: ModuleType):
             from miles_cli.execute import execute
 
             execute(inv, checkpoint=kwargs.get("checkpoint"))
-        except UserError as e:
-            raise UsageFailure(str(e)) from None
 
     run.__doc__ = SUMMARIES[command]
     return with_signature(run, params)

@@ -121,6 +121,13 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     )
     _require(d.rollout_batch_size is not None and d.rollout_batch_size >= 1, "--rollout-batch-size is required (≥ 1).", "--rollout-batch-size")
     _require(d.num_steps_per_rollout >= 1, "--num-steps-per-rollout must be at least 1; lower --global-batch-size.", "--num-steps-per-rollout")
+    samples = d.rollout_batch_size * d.n_samples_per_prompt
+    _require(
+        samples % d.global_batch_size == 0,
+        f"--global-batch-size ({d.global_batch_size}) must divide --rollout-batch-size × --n-samples-per-prompt "
+        f"({d.rollout_batch_size} × {d.n_samples_per_prompt} = {samples}); pick a divisor.",
+        "--global-batch-size",
+    )
     _require(
         d.rollout_batch_size * d.n_samples_per_prompt == d.global_batch_size * d.num_steps_per_rollout,
         f"--rollout-batch-size × --n-samples-per-prompt ({d.rollout_batch_size} × {d.n_samples_per_prompt}) must equal "

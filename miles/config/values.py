@@ -101,4 +101,6 @@ def format_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return " ".join(format_value(v) for v in value) if value else "[]"
+    if value == "":
+        return '""'
     return str(value)

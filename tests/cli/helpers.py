@@ -1,0 +1,39 @@
+"""Run the `miles` app in-process and read its help text as data."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from miles_cli.main import build_app
+
+WIDE = {"COLUMNS": "4000", "TERMINAL_WIDTH": "4000", "NO_COLOR": "1"}
+
+
+def invoke(argv: list[str], env: dict[str, str] | None = None):
+    runner = CliRunner()
+    return runner.invoke(build_app(argv), argv, env={**WIDE, **(env or {})}, catch_exceptions=False)
+
+
+_ROW = re.compile(r"^│\s+(--[a-z0-9][a-z0-9-]*)(?:\s+--no-[a-z0-9-]+)?\s+(?:<[^>]*>\s+)?(.*?)\s*│?\s*$")
+
+
+def help_rows(output: str) -> dict[str, str]:
+    """{flag: help text} for every option row of a rich help screen rendered without wrapping."""
+    rows = {}
+    for line in output.splitlines():
+        m = _ROW.match(line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def shown_default(help_line: str) -> str | None:
+    m = re.search(r"\[default: (.*?)\](?: \[env var|$)", help_line)
+    return m.group(1) if m else None
+
+
+def shown_derived(help_line: str) -> str | None:
+    m = re.search(r"\[derived: (.*?)\](?: \[env var|$)", help_line)
+    return m.group(1) if m else None

@@ -1,0 +1,84 @@
+"""Every default printed by `--help` is the value the resolved configuration really holds.
+
+This is the bug class of upstream PR #2390 (help said one thing, validate_args did another). For every
+command and every registered recipe, render `--help` without wrapping, read each option's
+`[default: ...]`, and compare with the resolved recipe options and engine configuration. Derived
+options print their rule; the rule text must be the declared one (tests/config/test_derived_rules.py
+checks the rule itself against resolved configurations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from miles.config.engine import option_specs
+from miles.config.values import format_value
+from miles_cli.run_commands import resolve_invocation
+from recipes import RECIPES
+from tests.cli.helpers import help_rows, invoke, shown_default, shown_derived
+
+COMMANDS = ["full-train", "train", "eval"]
+
+
+@pytest.mark.parametrize("recipe_name", sorted(RECIPES))
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_defaults_equal_resolved_values(command, recipe_name):
+    recipe = RECIPES[recipe_name]
+    result = invoke([command, "--model-name", recipe_name, "--help"])
+    assert result.exit_code == 0, result.output
+    rows = help_rows(result.output)
+
+    options = recipe.Options()
+    inv = resolve_invocation(command, recipe, recipe.Options(), {}, [])
+    expected: dict[str, str] = {}
+    derived_text: dict[str, str] = {}
+    for f in dataclasses.fields(options):
+        flag = "--" + f.name.replace("_", "-")
+        if f.metadata.get("derived") is not None:
+            derived_text[flag] = f.metadata["derived"].text
+        else:
+            expected[flag] = format_value(getattr(inv.options, f.name))
+    recipe_fields = {f.name for f in dataclasses.fields(options)}
+    for s in option_specs():
+        if s.name in recipe_fields:
+            continue
+        if s.derived is not None and s.name not in inv.plan.engine:
+            derived_text[s.flag] = s.derived.text
+        else:
+            expected[s.flag] = format_value(inv.config.get(s.name))
+
+    checked = 0
+    for flag, value in expected.items():
+        assert flag in rows, f"{flag} missing from `miles {command} --help`"
+        assert shown_default(rows[flag]) == value, f"{command} {recipe_name} {flag}: help {rows[flag]!r}, resolved {value!r}"
+        checked += 1
+    for flag, text in derived_text.items():
+        assert shown_derived(rows[flag]) == text, f"{flag}: {rows[flag]!r}"
+    assert checked > 100  # every engine option is covered, not a sample
+
+
+def test_recipe_override_is_what_help_shows():
+    """The tiny recipe turns --train-deterministic on; the other recipe leaves it off; help follows."""
+    tiny = help_rows(invoke(["train", "--model-name", "tiny-qwen3", "--help"]).output)
+    qwen = help_rows(invoke(["train", "--model-name", "qwen3-0.6b", "--help"]).output)
+    assert shown_default(tiny["--train-deterministic"]) == "true"
+    assert shown_default(qwen["--train-deterministic"]) == "false"
+    assert shown_default(tiny["--deterministic-mode"]) == "true"
+
+
+def test_env_var_changes_the_default_help_shows(monkeypatch):
+    monkeypatch.setenv("PROMETHEUS_PORT", "9333")
+    monkeypatch.setenv("MILES_SCRIPT_SFT_STEPS", "7")
+    rows = help_rows(invoke(["train", "--help"]).output)
+    assert shown_default(rows["--prometheus-port"]) == "9333"
+    assert shown_default(rows["--sft-steps"]) == "7"
+    inv = resolve_invocation("train", RECIPES["tiny-qwen3"], RECIPES["tiny-qwen3"].Options(sft_steps=7), {}, [])
+    assert inv.config.tracking.prometheus_port == 9333
+
+
+def test_top_level_help_lists_the_commands():
+    out = invoke(["--help"]).output
+    for command in ["convert", "full-train", "train", "eval", "docker-build"]:
+        assert f"│ {command} " in out
