@@ -137,7 +137,7 @@ def docker_build(
     check_docker()
     typer.echo(f"+ {plan.shell_line()}", err=True)
     try:
-        done = subprocess.run(plan.argv, cwd=plan.repo_root, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run(plan.argv, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         typer.echo(f"docker buildx build of {variant} did not finish within {BUILD_TIMEOUT_S / 3600:.0f} h; stopped it.", err=True)
         raise typer.Exit(1) from None

@@ -24,7 +24,6 @@ from miles.config.engine import OptionSpec, option_specs, specs_of
 from miles.config.resolve import build_config, effective_default, resolve
 from miles.config.values import parse_engine_argv, parse_scalar
 from miles.errors import UserError
-from miles_cli.errors import UsageFailure
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.output import print_options_table
 from miles_cli.params import commandline_values, make_parameter, with_signature
@@ -127,7 +126,7 @@ def build_run_command(command: Command, recipe: ModuleType):
                 bool,
                 typer.Option(
                     "--dry-run/--no-dry-run",
-                    help="Resolve and print the options (and the prepare steps), then stop without running anything. [default: false]",
+                    help="Resolve and print the options (and the prepare steps), then stop without running anything. \\[default: false]",
                     rich_help_panel="Run",
                     show_default=False,
                 ),
@@ -144,7 +143,7 @@ def build_run_command(command: Command, recipe: ModuleType):
                     str | None,
                     typer.Option(
                         "--checkpoint",
-                        help="Model to evaluate: a Hugging Face directory or a miles checkpoint directory; unset = --hf-checkpoint. [default: None]",
+                        help="Model to evaluate: a Hugging Face directory or a miles checkpoint directory; unset = --hf-checkpoint. \\[default: None]",
                         rich_help_panel="Run",
                         show_default=False,
                     ),
