@@ -35,9 +35,10 @@ class OptimizerConfig:
     lr_decay_iters: int | None = option(
         help="Optimizer step at which the decay reaches --min-lr (warmup steps included).",
         derived=Derived(
-            "the run's total optimizer steps",
-            # The run's total optimizer steps: every rollout is split into num_steps_per_rollout steps.
-            lambda c: c.data.num_rollout * c.data.num_steps_per_rollout,
+            "the run's total optimizer steps (--num-rollout × --num-steps-per-rollout)",
+            # Unknown (None) until --num-rollout is known: with --num-epoch the driver sets it from the
+            # dataset size and resolves again.
+            lambda c: None if c.data.num_rollout is None else c.data.num_rollout * c.data.num_steps_per_rollout,
         ),
     )
     weight_decay: float = option(

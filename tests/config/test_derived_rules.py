@@ -1,0 +1,128 @@
+"""Each derived default declared next to its field holds on real resolved configurations.
+
+For a set of realistic option combinations, resolve the configuration and check, for every derived
+option the user left unset, that its value equals its declared rule applied to the resolved
+configuration, and that explicit values (including an explicit `--no-...`) are kept.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from miles.config.engine import option_specs
+from miles.config.resolve import build_config, resolve
+from miles.errors import UserError
+
+BASE = {"prompt_data": "p.jsonl", "rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 3, "actor_num_gpus_per_node": 1}
+
+CASES = [
+    {},
+    {"colocate": True},
+    {"colocate": True, "offload_train": False},  # upstream PR #2390: explicit --no-offload-train under --colocate
+    {"colocate": False, "offload_rollout": True},
+    {"global_batch_size": 4},
+    {"num_steps_per_rollout": 4},
+    {"rollout_max_context_len": 100},
+    {"eps_clip": 0.3},
+    {"eps_clip": 0.3, "eps_clip_high": 0.28},
+    {"reward_key": "acc", "rm_type": "math"},
+    {"hf_checkpoint": "/m", "rollout_temperature": 0.7, "rollout_top_p": 0.9, "rollout_top_k": 5},
+    {"input_key": "question", "label_key": "answer"},
+    {"actor_num_gpus_per_node": 2, "colocate": True},
+    {"over_sampling_batch_size": 8},
+]
+
+
+def _explicit_and_resolved(case):
+    values = {**BASE, **case}
+    return values, resolve(build_config(values, environ={}))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "defaults")
+def test_declared_rules_hold(case):
+    values, cfg = _explicit_and_resolved(case)
+    derived = [s for s in option_specs() if s.derived is not None]
+    assert len(derived) >= 12
+    for s in derived:
+        if s.name in values:
+            assert cfg.get(s.name) == values[s.name], f"explicit {s.flag} was overwritten"
+        else:
+            assert cfg.get(s.name) == s.derived.rule(cfg), f"{s.flag}: value {cfg.get(s.name)!r} breaks its rule {s.derived.text!r}"
+
+
+def test_offload_follows_colocate_unless_explicit():
+    assert _explicit_and_resolved({"colocate": True})[1].cluster.offload_train is True
+    assert _explicit_and_resolved({"colocate": False})[1].cluster.offload_train is False
+    assert _explicit_and_resolved({"colocate": True, "offload_train": False})[1].cluster.offload_train is False
+    assert _explicit_and_resolved({"colocate": True, "offload_rollout": False})[1].cluster.offload_rollout is False
+
+
+def test_batch_knobs_fill_each_other():
+    cfg = _explicit_and_resolved({"global_batch_size": 4})[1]
+    assert (cfg.data.global_batch_size, cfg.data.num_steps_per_rollout) == (4, 2)
+    cfg = _explicit_and_resolved({"num_steps_per_rollout": 4})[1]
+    assert (cfg.data.global_batch_size, cfg.data.num_steps_per_rollout) == (2, 4)
+    cfg = _explicit_and_resolved({})[1]
+    assert (cfg.data.global_batch_size, cfg.data.num_steps_per_rollout) == (8, 1)
+
+
+def test_a_rule_that_lies_is_caught():
+    """If the code filled offload_train differently from its declaration, the rule check would fail."""
+    values, cfg = _explicit_and_resolved({"colocate": True})
+    cfg.cluster.offload_train = False  # what a resolve() that ignored its declaration would produce
+    s = next(s for s in option_specs() if s.name == "offload_train")
+    assert cfg.get("offload_train") != s.derived.rule(cfg)
+
+
+@pytest.mark.parametrize(
+    "values, flag",
+    [
+        ({"global_batch_size": 3}, "--global-batch-size"),
+        ({"global_batch_size": 4, "num_steps_per_rollout": 3}, "--global-batch-size"),
+        ({"num_rollout": None}, "--num-rollout"),
+        ({"num_epoch": 2}, "--num-rollout"),
+        ({"over_sampling_batch_size": 2}, "--over-sampling-batch-size"),
+        ({"eval_interval": 5}, "--eval-interval"),
+        ({"save_interval": 5}, "--save-interval"),
+        ({"eval_prompt_data": ["only-a-name"]}, "--eval-prompt-data"),
+        ({"rollout_max_context_len": 10, "rollout_max_prompt_len": 10}, "--rollout-max-prompt-len"),
+        ({"train_backend": "megatron"}, "--train-backend"),
+        ({"rollout_backend": "sglang"}, "--rollout-backend"),
+        ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
+        ({"use_fault_tolerance": True}, "--use-fault-tolerance"),
+        ({"eval_max_in_flight": 4}, "--eval-max-in-flight"),
+        ({"actor_num_gpus_per_node": 3}, "--global-batch-size"),
+    ],
+)
+def test_contradictions_are_user_errors_naming_the_option(values, flag):
+    with pytest.raises(UserError) as e:
+        resolve(build_config({**BASE, **values}, environ={}))
+    assert e.value.option == flag
+    assert flag in str(e.value)
+
+
+def test_environment_default_and_explicit_value():
+    cfg = resolve(build_config(BASE, environ={"PROMETHEUS_PORT": "9100"}))
+    assert cfg.tracking.prometheus_port == 9100
+    cfg = resolve(build_config({**BASE, "prometheus_port": 9200}, environ={"PROMETHEUS_PORT": "9100"}))
+    assert cfg.tracking.prometheus_port == 9200
+    with pytest.raises(UserError, match=r"\$PROMETHEUS_PORT"):
+        build_config(BASE, environ={"PROMETHEUS_PORT": "ninety"})
+
+
+def test_option_names_are_unique_and_flags_are_kebab_case():
+    specs = option_specs()
+    assert len({s.name for s in specs}) == len(specs)
+    assert all(s.flag == "--" + s.name.replace("_", "-") for s in specs)
+
+
+def test_upstream_names_and_defaults_users_know():
+    d = {s.flag: s for s in option_specs()}
+    assert d["--update-weight-buffer-size"].default == 536870912
+    assert d["--advantage-estimator"].choices == ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+    assert d["--advantage-estimator"].default == "grpo"
+    assert d["--eval-max-in-flight"].default == 2
+    assert d["--eval-overflow-policy"].choices == ("backpressure", "skip")
+    assert d["--mlflow-experiment-name"].default == "miles"
+    assert d["--prometheus-port"].default == 9090 and d["--prometheus-port"].env == "PROMETHEUS_PORT"
+    assert d["--offload-train"].kind == "tristate" and d["--offload-rollout"].kind == "tristate"
