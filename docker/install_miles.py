@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 
 # Provided by the base image, built against its accelerator stack: never replaced, never installed.
-BASE_PACKAGES = ("torch", "torchvision", "torchaudio", "triton", "sglang", "sgl-kernel", "flashinfer-python")
+BASE_PACKAGES = (
+    "torch", "torchvision", "torchaudio", "triton", "sglang", "sgl-kernel", "flashinfer-python"
+)
 PIP_TIMEOUT_S = 3600
 
 
@@ -82,9 +84,16 @@ def install_deps(checkout: Path) -> None:
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(before.items())))
     pip("-c", str(constraints), *runtime_requirements(checkout / "pyproject.toml"))
     after = installed_versions()
-    moved = {name: (before.get(name), after.get(name)) for name in set(before) | set(after) if before.get(name) != after.get(name)}
+    moved = {
+        name: (before.get(name), after.get(name))
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    }
     if moved:
-        raise SystemExit(f"installing miles' dependencies changed base-image packages {moved}; pin them in pyproject")
+        raise SystemExit(
+            f"installing miles' dependencies changed base-image packages (before, after): {moved}; "
+            "a dependency in pyproject.toml needs a version the base image does not have"
+        )
 
 
 def install_package(checkout: Path) -> None:
@@ -99,14 +108,24 @@ def check_base(cuda_major: int | None, gpu_arch: str | None) -> None:
     if cuda_major is not None:
         built = torch.version.cuda or ""
         if built.split(".")[0] != str(cuda_major):
-            raise SystemExit(f"the base image's torch {torch.__version__} is built for CUDA {built or 'none'}, expected CUDA {cuda_major}; fix SGLANG_IMAGE_TAG or ENABLE_CUDA_13")
+            raise SystemExit(
+                f"the base image's torch {torch.__version__} is built for CUDA {built or 'none'}, "
+                f"expected CUDA {cuda_major}; fix SGLANG_IMAGE_TAG or ENABLE_CUDA_13"
+            )
     if gpu_arch is not None:
         if not getattr(torch.version, "hip", None):
-            raise SystemExit(f"the base image's torch {torch.__version__} is not a ROCm build; fix SGLANG_IMAGE_REPO/SGLANG_IMAGE_TAG")
+            raise SystemExit(
+                f"the base image's torch {torch.__version__} is not a ROCm build; "
+                "fix SGLANG_IMAGE_REPO/SGLANG_IMAGE_TAG"
+            )
         archs = torch._C._cuda_getArchFlags() or ""
         if gpu_arch not in archs:
-            raise SystemExit(f"the base image's torch is built for {archs!r}, not GPU_ARCH={gpu_arch}; pick the variant that matches the base image")
-    print(f"base image ok: torch {torch.__version__} cuda={torch.version.cuda} hip={getattr(torch.version, 'hip', None)}")
+            raise SystemExit(
+                f"the base image's torch is built for {archs!r}, not GPU_ARCH={gpu_arch}; "
+                "pick the variant that matches the base image"
+            )
+    hip = getattr(torch.version, "hip", None)
+    print(f"base image ok: torch {torch.__version__} cuda={torch.version.cuda} hip={hip}")
 
 
 def main(argv=None) -> None:

@@ -276,11 +276,11 @@ def image_inputs(repo_root: Path, dockerfile: str) -> list[str]:
         if not raw:
             continue
         path = raw.decode()
-        if path.startswith("docker/") and _is_dockerfile_or_ignore(path) and path not in own:
-            continue
+        if path.startswith("docker/") and _is_dockerfile_or_ignore(path):
+            continue  # only the one being built from counts; it is added below
         paths.append(path)
     tracked_own = _git(repo_root, "ls-files", "-z", "--", *sorted(own)).split(b"\0")
-    paths.extend(p.decode() for p in tracked_own if p and p.decode() not in paths)
+    paths.extend(p.decode() for p in tracked_own if p)
     return sorted(set(paths))
 
 

@@ -64,7 +64,9 @@ def check_docker() -> None:
 def docker_build(
     variant: Annotated[
         VariantName,
-        typer.Option(help="Which image to build (see docs/docker.md for each one).", rich_help_panel=_IMAGE),
+        typer.Option(
+            help="Which image to build (see docs/docker.md for each one).", rich_help_panel=_IMAGE
+        ),
     ],
     image_tag: Annotated[
         ImageTagMode,
@@ -76,14 +78,18 @@ def docker_build(
     ],
     custom_tag: Annotated[
         str,
-        typer.Option(help="The tag for --image-tag custom (required then, rejected otherwise).", rich_help_panel=_IMAGE),
+        typer.Option(
+            help="The tag for --image-tag custom (required then, rejected otherwise).",
+            rich_help_panel=_IMAGE,
+        ),
     ] = "",
     build_arg: Annotated[
         Optional[list[str]],
         typer.Option(
             "--build-arg",
             metavar="KEY=VALUE",
-            help="Extra Docker build arg; repeatable; overrides the variant's and an earlier one with the same KEY.",
+            help="Extra Docker build arg; repeatable; overrides the variant's and an earlier one "
+            "with the same KEY.",
             rich_help_panel=_BUILD,
         ),
     ] = None,
@@ -96,12 +102,14 @@ def docker_build(
         ),
     ] = None,
     push: Annotated[
-        bool, typer.Option(help="Push the tags to the registry when the build succeeds.", rich_help_panel=_BUILD)
+        bool,
+        typer.Option(help="Push the tags to the registry when the build succeeds.", rich_help_panel=_BUILD),
     ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
-            help="Print the exact `docker buildx build` command as one shell-quoted line and exit; needs no Docker.",
+            help="Print the exact `docker buildx build` command as one shell-quoted line and exit; "
+            "needs no Docker.",
             rich_help_panel=_BUILD,
         ),
     ] = False,
@@ -127,7 +135,8 @@ def docker_build(
         raise typer.BadParameter(str(err), param_hint=f"'{err.option}'") from None
     if dockerfile is not None and plan.dockerfile != dockerfile and plan.variant.dockerfile:
         typer.echo(
-            f"note: variant {variant} always builds from {plan.dockerfile}; --dockerfile {dockerfile} is ignored.",
+            f"note: variant {variant} always builds from {plan.dockerfile}; "
+            f"--dockerfile {dockerfile} is ignored.",
             err=True,
         )
     if dry_run:
@@ -137,12 +146,18 @@ def docker_build(
     check_docker()
     typer.echo(f"+ {plan.shell_line()}", err=True)
     try:
-        done = subprocess.run(plan.argv, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run(plan.argv, cwd=plan.repo_root, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        typer.echo(f"docker buildx build of {variant} did not finish within {BUILD_TIMEOUT_S / 3600:.0f} h; stopped it.", err=True)
+        hours = BUILD_TIMEOUT_S / 3600
+        typer.echo(f"docker buildx build of {variant} did not finish within {hours:g} h; stopped it.",
+                   err=True)
         raise typer.Exit(1) from None
     if done.returncode != 0:
-        typer.echo(f"docker buildx build of {variant} failed with exit code {done.returncode} (its output is above).", err=True)
+        typer.echo(
+            f"docker buildx build of {variant} failed with exit code {done.returncode} "
+            "(its output is above).",
+            err=True,
+        )
         raise typer.Exit(1)
     typer.echo(f"built {', '.join(plan.tags)}" + (" and pushed" if push else ""), err=True)
 

@@ -290,6 +290,7 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     docker.chmod(0o755)
     log = tmp_path / "docker.log"
     monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.chdir(tmp_path)  # the command must run the build from the repository root, not here
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
 
     def calls() -> list[dict]:
@@ -307,7 +308,8 @@ def test_build_runs_the_planned_argv_from_the_repo_root(app, fake_docker):
     plan = plan_build(
         "cu13-x86", "latest", repo_root=ROOT, environ={}, now=FIXED_NOW, build_args=["X=1"]
     )
-    assert [c["argv"][:2] for c in calls()] == [["info", "--format"], ["buildx", "version"], ["buildx", "build"]]
+    probes_then_build = [["info", "--format"], ["buildx", "version"], ["buildx", "build"]]
+    assert [c["argv"][:2] for c in calls()] == probes_then_build
     assert ["docker", *build["argv"]] == plan.argv
     assert Path(build["cwd"]) == ROOT
     assert "built radixark/miles:latest" in result.stderr
@@ -344,8 +346,8 @@ def test_hung_engine_times_out_with_what_it_waited_for(app, fake_docker, monkeyp
     monkeypatch.setattr(cli, "DOCKER_PROBE_TIMEOUT_S", 0.5)
     result = invoke(app, "--variant", "cu13", "--image-tag", "dev")
     assert isinstance(result.exception, UserError)
-    assert "`docker info --format {{.ServerVersion}}` did not answer within 0.5 s while checking the Docker engine" in str(
-        result.exception
+    assert str(result.exception).startswith(
+        "`docker info --format {{.ServerVersion}}` did not answer within 0.5 s while checking the Docker engine"
     )
     assert [c["argv"][0] for c in calls()] == ["info"]
 
@@ -429,15 +431,20 @@ def test_hash_follows_tracked_inputs_only(repo):
     assert cuda() == c0 and rocm() != r0
     r1 = rocm()
 
+    (repo / "docker/Dockerfile.dockerignore").write_text("*\n")  # CUDA's own ignore file, once tracked
+    git(repo, "add", "docker/Dockerfile.dockerignore")
+    assert cuda() != c0 and rocm() == r1
+    c1 = cuda()
+
     (repo / "miles/a.py").write_text("A = 2\n")  # an uncommitted edit of a tracked source
     c2 = cuda()
-    assert c2 != c0 and rocm() != r1
+    assert c2 != c1 and rocm() != r1
 
     git(repo, "add", "miles/new.py")  # tracking a new source file changes it
     assert cuda() != c2
 
     (repo / "docker/helper.py").unlink()  # a tracked input deleted from the tree counts as a change
-    assert cuda() not in (c0, c2)
+    assert cuda() not in (c0, c1, c2)
 
 
 def test_hash_outside_git_is_a_user_error(tmp_path):
@@ -460,7 +467,8 @@ def dockerfile_instructions(path: Path) -> list[list[str]]:
 def test_copied_sources_are_hashed_inputs_and_in_the_build_context(dockerfile):
     ignore = (ROOT / f"{dockerfile}.dockerignore").read_text().splitlines()
     kept = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    copied = [src for ins in dockerfile_instructions(ROOT / dockerfile) if ins[0] == "COPY" for src in ins[1:-1]]
+    instructions = dockerfile_instructions(ROOT / dockerfile)
+    copied = [src for ins in instructions if ins[0] == "COPY" for src in ins[1:-1]]
     assert "pyproject.toml" in copied and "miles" in copied
     for src in copied:
         assert any(src == root.rstrip("/") or src.startswith(root) for root in IMAGE_INPUT_ROOTS), src
