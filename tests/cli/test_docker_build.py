@@ -299,6 +299,13 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return (lambda mode: monkeypatch.setenv("FAKE_DOCKER_MODE", mode)), calls, docker
 
 
+def assert_user_error(result, message: str) -> None:
+    """Exit code 2, `Error: <sentence>` on stderr, no traceback (miles_cli.errors.user_errors_exit_2)."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert re.search("^Error: " + message, result.stderr), result.stderr
+
+
 def test_build_runs_the_planned_argv_from_the_repo_root(app, fake_docker):
     set_mode, calls, _ = fake_docker
     set_mode("ok")
@@ -330,13 +337,12 @@ def test_build_failure_exits_1_with_its_code(app, fake_docker):
         ("no-buildx", r"docker buildx is not available \(docker: unknown command"),
     ],
 )
-def test_missing_engine_or_buildx_is_a_user_error_and_never_builds(app, fake_docker, mode, message):
+def test_missing_engine_or_buildx_exits_2_and_never_builds(app, fake_docker, mode, message):
     set_mode, calls, _ = fake_docker
     set_mode(mode)
     result = invoke(app, "--variant", "cu13", "--image-tag", "dev")
-    assert isinstance(result.exception, UserError)
-    assert re.search(message, str(result.exception))
-    assert "--dry-run" in str(result.exception)
+    assert_user_error(result, message)
+    assert "--dry-run" in result.stderr
     assert not any(c["argv"][:2] == ["buildx", "build"] for c in calls())
 
 
@@ -345,9 +351,10 @@ def test_hung_engine_times_out_with_what_it_waited_for(app, fake_docker, monkeyp
     set_mode("hang")
     monkeypatch.setattr(cli, "DOCKER_PROBE_TIMEOUT_S", 0.5)
     result = invoke(app, "--variant", "cu13", "--image-tag", "dev")
-    assert isinstance(result.exception, UserError)
-    assert str(result.exception).startswith(
-        "`docker info --format {{.ServerVersion}}` did not answer within 0.5 s while checking the Docker engine"
+    assert_user_error(
+        result,
+        re.escape("`docker info --format {{.ServerVersion}}` did not answer within 0.5 s while checking "
+                  "the Docker engine"),
     )
     assert [c["argv"][0] for c in calls()] == ["info"]
 
@@ -356,8 +363,7 @@ def test_no_docker_on_path_is_a_user_error_but_dry_run_works(app, fake_docker):
     _, calls, docker = fake_docker
     docker.unlink()
     result = invoke(app, "--variant", "cu13", "--image-tag", "latest")
-    assert isinstance(result.exception, UserError)
-    assert "No `docker` command is on PATH" in str(result.exception)
+    assert_user_error(result, "No `docker` command is on PATH")
     dry = invoke(app, "--variant", "cu13", "--image-tag", "latest", "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert dry.stdout.startswith("docker buildx build -f docker/Dockerfile ")
@@ -445,6 +451,17 @@ def test_hash_follows_tracked_inputs_only(repo):
 
     (repo / "docker/helper.py").unlink()  # a tracked input deleted from the tree counts as a change
     assert cuda() not in (c0, c1, c2)
+
+
+def test_registered_in_the_miles_app():
+    from miles_cli.main import build_app
+
+    args = ["docker-build", "--variant", "cu13-aarch64", "--image-tag", "latest", "--dry-run"]
+    result = CliRunner().invoke(build_app(args), args, env={name: None for name in PROXY_VARS})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "docker buildx build -f docker/Dockerfile --platform linux/arm64 --build-arg NO_PROXY=localhost,127.0.0.1"
+    )
 
 
 def test_hash_outside_git_is_a_user_error(tmp_path):

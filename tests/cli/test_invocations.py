@@ -1,0 +1,99 @@
+"""Bad invocations exit 2 with one sentence naming the option; engine values layer in the documented order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from miles_cli.run_commands import resolve_invocation
+from recipes import RECIPES
+from tests.cli.helpers import invoke
+
+TINY = RECIPES["tiny-qwen3"]
+
+BAD = [
+    (["train", "--rollout-batch-sise", "3"], "--rollout-batch-sise"),
+    (["train", "--rollout-batch-size", "many"], "--rollout-batch-size"),
+    (["train", "--advantage-estimator", "dpo"], "--advantage-estimator"),
+    (["train", "--mode", "fast"], "--mode"),
+    (["train", "--extra-args", "--lr-typo 1"], "--lr-typo"),
+    (["train", "--extra-args", "--lr"], "--lr"),
+    (["train", "--dry-run", "--", "--global-batch-size", "7"], "--global-batch-size"),
+    (["train", "--train-backend", "megatron"], "--train-backend"),
+    (["train", "--use-fault-tolerance"], "--use-fault-tolerance"),
+    (["train", "--eps-clip-c", "0.5"], "--eps-clip-c"),
+    (["train", "--num-epoch", "2"], "--num-rollout"),
+    (["train", "stray"], "stray"),
+    (["eval", "--eval-prompt-data", "only-name"], "--eval-prompt-data"),
+    (["convert", "--from", "hf", "--to", "hf", "--save", "x"], "--to"),
+    (["convert", "--from", "hf", "--save", "x"], "--hf-checkpoint"),
+    (["docker-build", "--variant", "cu13", "--image-tag", "custom"], "--custom-tag"),
+]
+
+
+@pytest.mark.parametrize("argv, named", BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_bad_invocation_exits_2_naming_the_option(argv, named):
+    result = invoke(argv)
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_recipe_exits_2_listing_recipes():
+    r = subprocess.run([sys.executable, "-m", "miles_cli.main", "train", "--model-name", "gpt-17"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--model-name 'gpt-17' is not a recipe; choose one of: tiny-qwen3" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_flag_suggests_the_closest():
+    out = invoke(["train", "--extra-args", "--rollout-batch-sise 3"]).output
+    assert "Did you mean --rollout-batch-size" in out
+
+
+def test_layers_later_wins():
+    options = TINY.Options(extra_args="--lr 2e-4 --num-rollout 5")
+    inv = resolve_invocation("train", TINY, options, {"lr": 1e-4, "rollout_batch_size": 32}, ["--num-rollout", "7"])
+    assert inv.config.optimizer.lr == 2e-4 and inv.sources["lr"] == "--extra-args"
+    assert inv.config.data.num_rollout == 7 and inv.sources["num_rollout"] == "after --"
+    assert inv.config.data.rollout_batch_size == 32 and inv.sources["rollout_batch_size"] == "command line"
+    assert inv.config.data.n_samples_per_prompt == 8 and inv.sources["n_samples_per_prompt"] == "recipe"
+    assert inv.config.data.num_steps_per_rollout == 2 and inv.sources["num_steps_per_rollout"] == "derived"
+
+
+def test_command_line_beats_miles_script_env():
+    r = invoke(["train", "--dry-run", "--mode", "normal"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
+    assert r.exit_code == 0
+    assert "│ --num-rollout " in r.output and "│ 60 " in r.output.split("│ --num-rollout ")[1][:40]
+    r = invoke(["train", "--dry-run"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
+    assert "│ 3 " in r.output.split("│ --num-rollout ")[1][:40]
+
+
+def test_recipe_option_reaches_the_engine():
+    inv = resolve_invocation("train", TINY, TINY.Options(train_deterministic=False), {}, [])
+    assert inv.config.train.deterministic_mode is False
+    inv = resolve_invocation("train", TINY, TINY.Options(), {}, [])
+    assert inv.config.train.deterministic_mode is True
+
+
+def test_dry_run_prints_table_and_starts_nothing(tmp_path):
+    r = invoke(["full-train", "--dry-run", "--output-dir", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    assert "Prepare steps" in r.output and "sft-warm-start" in r.output
+    assert not (tmp_path / "o").exists() and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["docker-build", "--help"], ["docker-build", "--variant", "cu13", "--image-tag", "latest", "--dry-run"]])
+def test_light_commands_import_nothing_heavy(argv):
+    code = (
+        "import sys\n"
+        f"sys.argv = ['miles'] + {argv!r}\n"
+        "from miles_cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'ray', 'transformers', 'sglang', 'megatron') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "HEAVY=\n" in out, out[-500:]
