@@ -23,6 +23,7 @@ import typer
 
 from miles.docker_images import DEFAULT_DOCKERFILE, ImageTagMode, VariantName, find_repo_root, plan_build
 from miles.errors import UserError
+from miles_cli.errors import user_errors_exit_2
 
 DOCKER_PROBE_TIMEOUT_S = 20.0
 # A cold multi-arch build compiles for hours; this only catches a build that hangs forever.
@@ -115,6 +116,19 @@ def docker_build(
     ] = False,
 ) -> None:
     """Build a miles Docker image (SGLang base image + this checkout) with docker buildx."""
+    with user_errors_exit_2():
+        _docker_build(variant, image_tag, custom_tag, build_arg or [], dockerfile, push, dry_run)
+
+
+def _docker_build(
+    variant: str,
+    image_tag: str,
+    custom_tag: str,
+    build_arg: list[str],
+    dockerfile: str | None,
+    push: bool,
+    dry_run: bool,
+) -> None:
     repo_root = find_repo_root()
     try:
         plan = plan_build(
@@ -124,7 +138,7 @@ def docker_build(
             environ=os.environ,
             now=_utc_now(),
             custom_tag=custom_tag,
-            build_args=build_arg or [],
+            build_args=build_arg,
             dockerfile=dockerfile,
             push=push,
         )
