@@ -460,7 +460,8 @@ def test_registered_in_the_miles_app():
     result = CliRunner().invoke(build_app(args), args, env={name: None for name in PROXY_VARS})
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(
-        "docker buildx build -f docker/Dockerfile --platform linux/arm64 --build-arg NO_PROXY=localhost,127.0.0.1"
+        "docker buildx build -f docker/Dockerfile --platform linux/arm64 "
+        "--build-arg NO_PROXY=localhost,127.0.0.1"
     )
 
 
