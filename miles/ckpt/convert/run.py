@@ -1,0 +1,198 @@
+"""`run_convert`: the whole conversion, atomic and resumable-by-skip, with a rich progress bar.
+
+HF -> torch_dist: read HF tensors one rule at a time, map them (mapping.py), save with megatron-core
+`dist_checkpointing` into `<tmp>/release/`, copy config/tokenizer files into `<tmp>/hf_assets/` (the
+default origin for the reverse conversion), write `latest_checkpointed_iteration.txt` = `release`
+LAST, then rename `<tmp>` to `--save`.
+
+torch_dist -> HF: read one layer at a time, map back, stream into planned safetensors shards, copy
+config/tokenizer files, write `model.safetensors.index.json` LAST, rename.
+
+An interrupted run leaves only a hidden `.<name>.tmp-<pid>` directory, never something that looks
+complete. `prepare_torch_dist` is the sentinel-guarded step `miles full-train` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+from miles.ckpt.convert.families import ModelShape, validate_megatron_args
+from miles.ckpt.convert.hf_io import HF_ASSET_FILES, INDEX, HFReader, ShardedSafetensorsWriter, read_hf_config
+from miles.ckpt.convert.layout import hf_shapes
+from miles.ckpt.convert.mapping import Rule, hf_to_megatron, megatron_to_hf, rules_for
+from miles.ckpt.convert.torch_dist import TRACKER, TorchDistReader, resolve_checkpoint_dir, save_torch_dist
+from miles.config.convert import ConvertOptions
+from miles.errors import UserError
+
+ASSETS_DIR = "hf_assets"
+RECORD = "miles_convert.json"
+
+
+def is_complete(out: Path, to_format: str) -> bool:
+    """The sentinel upstream uses: tracker reading `release` (torch_dist), or the index file (hf)."""
+    if to_format == "torch_dist":
+        tracker = out / TRACKER
+        return tracker.is_file() and tracker.read_text().strip() == "release"
+    return (out / INDEX).is_file()
+
+
+def run_convert(opts: ConvertOptions, *, progress: bool = True) -> Path:
+    """Convert per `opts`; returns the output directory (skips a complete one unless --force)."""
+    opts.check()
+    out = Path(opts.save).absolute()
+    if is_complete(out, opts.to_format) and not opts.force:
+        _print(f"skipped: {out} is already complete (use --force to convert again)")
+        return out
+    if out.exists() and not opts.force:
+        raise UserError(f"--save {out} exists but is not a complete {opts.to_format} checkpoint; pass --force to replace it or choose another directory.", option="--save")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        if opts.from_format == "hf":
+            _hf_to_torch_dist(Path(opts.hf_checkpoint), tmp, opts, progress)
+        else:
+            _torch_dist_to_hf(Path(opts.load), tmp, opts, progress)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _print(f"wrote {out}")
+    return out
+
+
+def prepare_torch_dist(hf_checkpoint: str | Path, save: str | Path, *, expected_megatron_args: dict[str, Any] | None = None,
+                       tensor_model_parallel_size: int = 1, force: bool = False, progress: bool = True) -> Path:
+    """The `miles full-train` convert step: skipped when `save` already holds a complete conversion.
+
+    `expected_megatron_args` (megatron flag names in snake_case, e.g. a recipe's model args) are checked
+    against the HF config first, all mismatches reported in one `UserError`.
+    """
+    if expected_megatron_args:
+        shape = ModelShape.from_hf_config(read_hf_config(Path(hf_checkpoint)), source=f"{hf_checkpoint}/config.json")
+        validate_megatron_args(shape, expected_megatron_args, tensor_model_parallel_size=tensor_model_parallel_size)
+    opts = ConvertOptions(from_format="hf", to_format="torch_dist", hf_checkpoint=str(hf_checkpoint), save=str(save),
+                          force=force, tensor_model_parallel_size=tensor_model_parallel_size)
+    return run_convert(opts, progress=progress)
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_assets(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in HF_ASSET_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+
+
+def _shape(directory: Path, opts: ConvertOptions) -> ModelShape:
+    shape = ModelShape.from_hf_config(read_hf_config(directory), source=f"{directory}/config.json")
+    validate_megatron_args(shape, {}, tensor_model_parallel_size=opts.tensor_model_parallel_size)
+    return shape
+
+
+def _hf_to_torch_dist(src: Path, tmp: Path, opts: ConvertOptions, progress: bool) -> None:
+    shape = _shape(src, opts)
+    rules = rules_for(shape)
+    with HFReader(src, shape) as reader:
+        total = sum(reader.nbytes(n) for r in rules for n in r.hf)
+        with _progress(progress, f"{src.name} -> torch_dist", len(rules), total) as advance:
+            def converted() -> Iterator[tuple[str, Any]]:
+                for r in rules:
+                    parts = [reader.get(n) for n in r.hf]
+                    yield r.megatron, hf_to_megatron(r, parts, shape)
+                    advance(1, sum(p.numel() * p.element_size() for p in parts))
+
+            (tmp / "release").mkdir()
+            save_torch_dist(converted(), tmp / "release", shape)
+    _copy_assets(src, tmp / ASSETS_DIR)
+    record = {"from": "hf", "hf_checkpoint": str(src.absolute()), "architecture": shape.architecture}
+    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    (tmp / TRACKER).write_text("release")  # last: its presence is what "complete" means
+
+
+_GROUP = re.compile(r"^decoder\.layers\.\d+\.(mlp\.experts\.local_experts\.\d+\.)?")
+
+
+def _groups(rules: list[Rule]) -> Iterator[list[Rule]]:
+    """Consecutive rules of one layer (or one expert): what is read from torch_dist at once."""
+    batch: list[Rule] = []
+    key = None
+    for r in rules:
+        m = _GROUP.match(r.megatron)
+        k = m.group(0) if m else r.megatron
+        if batch and k != key:
+            yield batch
+            batch = []
+        batch.append(r)
+        key = k
+    if batch:
+        yield batch
+
+
+def _torch_dist_to_hf(load: Path, tmp: Path, opts: ConvertOptions, progress: bool) -> None:
+    ckpt = resolve_checkpoint_dir(load)
+    origin = Path(opts.origin_hf_dir) if opts.origin_hf_dir else load / ASSETS_DIR
+    if not (origin / "config.json").is_file():
+        raise UserError(f"--load {load} records no HF config (no {ASSETS_DIR}/config.json); pass --origin-hf-dir with the HF model it came from.", option="--origin-hf-dir")
+    shape = _shape(origin, opts)
+    rules = rules_for(shape)
+    with TorchDistReader(ckpt, shape) as reader:
+        dtype = reader.stored_dtype()
+        hf_shape_of = hf_shapes(shape)
+        plan = [(n, hf_shape_of[n], dtype) for r in rules for n in r.hf]
+        writer = ShardedSafetensorsWriter(tmp, plan, opts.chunk_size)
+        total = sum(s.size for s in writer.shards)
+        with _progress(progress, f"torch_dist -> {Path(opts.save).name}", len(rules), total) as advance:
+            for group in _groups(rules):
+                tensors = reader.read([r.megatron for r in group])
+                for r in group:
+                    parts = megatron_to_hf(r, tensors.pop(r.megatron), shape)
+                    for name, t in zip(r.hf, parts):
+                        writer.write(name, t)
+                    advance(1, sum(p.numel() * p.element_size() for p in parts))
+    _copy_assets(origin, tmp)
+    writer.write_index()  # last: the completion sentinel of an HF export
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, title: str, n_tensors: int, n_bytes: int):
+    """Yields advance(tensors, bytes); a rich bar with tensors done/total and bytes when enabled."""
+    if not enabled:
+        yield lambda _t, _b: None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[done]}/{task.fields[of]} tensors"),
+               DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(title, total=n_bytes, done=0, of=n_tensors)
+        count = 0
+
+        def advance(tensors: int, nbytes: int) -> None:
+            nonlocal count
+            count += tensors
+            bar.update(task, advance=nbytes, done=count)
+
+        yield advance
+
+
+def _print(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(message)

@@ -1,0 +1,158 @@
+"""Run megatron-core 0.16.1 on a machine without CUDA: the one place where we patch it.
+
+What it is: a handful of narrow, reversible monkey-patches that let megatron-core build a `GPTModel`
+with the local (non-TransformerEngine) layer spec, run it forward on CPU and save/load `torch_dist`
+checkpoints. Every patch below says which megatron-core call needs it and why; all of them are pinned
+to megatron-core 0.16.1 (`SUPPORTED_VERSION`) and refuse to apply to any other version, because each
+one reaches into a private detail that a new release may move.
+
+What it is not: a CPU port of megatron-core. Only the calls exercised by the converter, its tests and
+the embedded training path are covered; TransformerEngine, fused kernels and CUDA graphs stay off.
+On a machine with CUDA the patches are not applied at all.
+
+Use:
+
+    from miles.ckpt.megatron_compat import cpu_compat, ensure_cpu_compat
+
+    with cpu_compat():              # patches in, restored on exit (tests, one-off conversions)
+        model = GPTModel(...)
+
+    ensure_cpu_compat()             # idempotent, process-wide (a worker process that stays on CPU)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+from typing import Any, Callable, Iterator
+
+SUPPORTED_VERSION = "0.16.1"
+
+# (module path, attribute) -> original value, for the patches currently applied.
+_ORIGINALS: dict[tuple[str, str], Any] = {}
+_RNG_WAS_PATCHED = False
+
+
+def megatron_version() -> str:
+    """The installed megatron-core version, or raise if it is missing."""
+    try:
+        from megatron.core import __version__  # megatron-core is light to import (no CUDA init)
+    except ImportError as e:  # pragma: no cover - the package is a hard dependency
+        raise RuntimeError("megatron-core is not installed; install miles with its dependencies") from e
+    return __version__
+
+
+def check_version() -> None:
+    """Refuse a megatron-core whose private details the patches were not written against."""
+    found = megatron_version()
+    if found != SUPPORTED_VERSION:
+        raise RuntimeError(
+            f"miles.ckpt.megatron_compat is pinned to megatron-core {SUPPORTED_VERSION} but "
+            f"{found} is installed; re-check every patch in this module against {found} before "
+            "raising SUPPORTED_VERSION"
+        )
+    # A torch_dist save without psutil does not fail: megatron's async writer waits forever for a
+    # worker that died on the import (megatron-core does not declare the dependency).
+    if importlib.util.find_spec("psutil") is None:
+        raise RuntimeError("megatron-core torch_dist saves hang without psutil; pip install psutil")
+
+
+def _cpu_current_device() -> str:
+    # megatron-core uses torch.cuda.current_device() as a `device=` argument (rotary embedding,
+    # linear layers with use_cpu_initialization=False, attention buffers); "cpu" is accepted there.
+    return "cpu"
+
+
+def _cpu_default_causal_mask(sq: int):
+    import torch
+
+    # megatron.core.transformer.utils.get_default_causal_mask hard-codes device="cuda"; the fused
+    # softmax (used by the local DotProductAttention) calls it whenever no mask is passed.
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+def _cpu_sliding_window_mask(sq: int, skv: int, window_size):
+    import torch
+
+    # Same hard-coded device="cuda" as above, for sliding-window attention.
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    mu = torch.triu(m, diagonal=skv - sq - window_size[0])
+    return ~torch.tril(mu, diagonal=skv - sq + window_size[1])
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _patches() -> list[tuple[str, str, Callable[..., Any]]]:
+    return [
+        ("torch.cuda", "current_device", _cpu_current_device),
+        # filesystem_async.py stages tensors with non_blocking copies then calls
+        # torch.cuda.synchronize(), which raises "Torch not compiled with CUDA" on a CPU build.
+        ("torch.cuda", "synchronize", _noop),
+        ("megatron.core.fusions.fused_softmax", "get_default_causal_mask", _cpu_default_causal_mask),
+        ("megatron.core.fusions.fused_softmax", "get_sliding_window_causal_mask", _cpu_sliding_window_mask),
+        ("megatron.core.transformer.utils", "get_default_causal_mask", _cpu_default_causal_mask),
+    ]
+
+
+def _apply() -> None:
+    global _RNG_WAS_PATCHED
+    for module_name, attr, replacement in _patches():
+        module = importlib.import_module(module_name)
+        key = (module_name, attr)
+        if key not in _ORIGINALS:
+            _ORIGINALS[key] = getattr(module, attr)
+            setattr(module, attr, replacement)
+    # The model-parallel RNG tracker forks the *CUDA* generator around every attention dropout and
+    # embedding dropout (entered on each forward even with dropout 0). megatron-core's own inference
+    # tracker makes fork() a no-op; CPU dropout then uses the CPU generator, seeded by the caller.
+    from megatron.core.tensor_parallel import random as mp_random
+
+    if not _RNG_WAS_PATCHED:
+        mp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        _RNG_WAS_PATCHED = True
+
+
+def _restore() -> None:
+    global _RNG_WAS_PATCHED
+    for (module_name, attr), original in list(_ORIGINALS.items()):
+        setattr(importlib.import_module(module_name), attr, original)
+        del _ORIGINALS[(module_name, attr)]
+    if _RNG_WAS_PATCHED:
+        from megatron.core.tensor_parallel import random as mp_random
+
+        mp_random.initialize_rng_tracker(force_reset=True)
+        _RNG_WAS_PATCHED = False
+
+
+def needs_cpu_compat() -> bool:
+    """True on a machine without CUDA, where megatron-core needs the patches."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def ensure_cpu_compat() -> None:
+    """Apply the CPU patches for the rest of the process (idempotent; nothing happens with CUDA)."""
+    check_version()
+    if needs_cpu_compat():
+        _apply()
+
+
+@contextlib.contextmanager
+def cpu_compat() -> Iterator[None]:
+    """Apply the CPU patches inside the block and restore megatron-core/torch afterwards.
+
+    Patches that were already in place when the block was entered (from `ensure_cpu_compat`) stay.
+    """
+    check_version()
+    if not needs_cpu_compat() or _ORIGINALS:
+        yield
+        return
+    _apply()
+    try:
+        yield
+    finally:
+        _restore()
