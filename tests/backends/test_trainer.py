@@ -200,3 +200,11 @@ def test_named_weights_for_sync_are_hf_names_and_skip_tied_copies(tiny_hf_dir, t
 
     tied = dict(make_trainer(tiny_tied_hf_dir).named_weights_for_sync())
     assert "model.embed_tokens.weight" in tied and "lm_head.weight" not in tied
+
+
+def test_data_parallel_needs_an_initialised_process_group(tiny_hf_dir):
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        TorchTrainer(
+            tiny_hf_dir, optimizer_cfg=OptimizerConfig(), algo_cfg=algo(), micro_batch_size=1,
+            deterministic=False, seed=0, dp_rank=0, dp_world_size=2,
+        )
