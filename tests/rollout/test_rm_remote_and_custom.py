@@ -16,7 +16,7 @@ import pytest
 
 from miles.config.reward import RewardConfig
 from miles.errors import UserError
-from miles.rollout.rm_hub import RemoteRewardError, compute_group_rewards, compute_reward
+from miles.rollout.rm_hub import RemoteRewardError, _custom_rm, compute_group_rewards, compute_reward
 from miles.rollout.rm_hub.remote import post_reward
 from miles.sample import Sample
 
@@ -173,6 +173,14 @@ def hooks(tmp_path: Path) -> Path:
 def test_custom_rm_receives_the_reward_config_and_overrides_rm_type(hooks):
     cfg = RewardConfig(rm_type="math", custom_rm_path=f"{hooks}:length_reward")
     assert asyncio.run(compute_reward(cfg, Sample(response="abcd", label="1"))) == 4.0
+
+
+def test_custom_rm_module_is_loaded_once(hooks):
+    cfg = RewardConfig(rm_type="math", custom_rm_path=f"{hooks}:length_reward")
+    assert asyncio.run(compute_group_rewards(cfg, [Sample(response="a"), Sample(response="bb")])) == [1.0, 2.0]
+    asyncio.run(compute_reward(cfg, Sample(response="c")))
+    # The hook's module-level list saw all three calls: the file was not re-executed per sample.
+    assert len(_custom_rm(cfg.custom_rm_path).__globals__["calls"]) == 3
 
 
 def test_custom_rm_may_be_synchronous(hooks):

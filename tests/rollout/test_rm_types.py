@@ -6,6 +6,7 @@ Run: pytest tests/rollout/test_rm_types.py
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -68,6 +69,16 @@ def test_last_boxed_content(text, expected):
 )
 def test_math(response, label, expected):
     assert reward("math", response, label) == expected
+
+
+def test_math_works_off_the_main_thread():
+    # math-verify's timeouts use SIGALRM, which raises ValueError outside the main thread (Ray actors
+    # score rewards in worker threads); the grader must then run without them instead of failing.
+    results = []
+    thread = threading.Thread(target=lambda: results.append(reward("math", "\\boxed{\\frac{1}{2}}", "0.5")))
+    thread.start()
+    thread.join(timeout=60)
+    assert results == [1.0]
 
 
 def test_math_without_label_is_a_data_error_naming_the_flag():

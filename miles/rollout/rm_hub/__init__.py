@@ -28,6 +28,7 @@ applied later, by the conversion of samples into train data.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -76,13 +77,19 @@ def effective_rm_type(cfg: RewardConfig, sample: Sample) -> str:
     return rm_type
 
 
+@functools.lru_cache(maxsize=None)
+def _custom_rm(path: str | None) -> Callable[..., Any] | None:
+    # Loaded once per path: a file.py hook would otherwise be re-executed (its globals reset) per sample.
+    return load_function(path, flag="--custom-rm-path")
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
 async def compute_reward(cfg: RewardConfig, sample: Sample) -> Reward:
     """The reward of one sample; see the module docstring for which function computes it."""
-    custom = load_function(cfg.custom_rm_path, flag="--custom-rm-path")
+    custom = _custom_rm(cfg.custom_rm_path)
     if custom is not None:
         return await _maybe_await(custom(cfg, sample))
     rm_type = effective_rm_type(cfg, sample)
@@ -106,7 +113,7 @@ async def compute_reward(cfg: RewardConfig, sample: Sample) -> Reward:
 async def compute_group_rewards(cfg: RewardConfig, samples: list[Sample]) -> list[Reward]:
     """The rewards of a prompt group, in order: one batched custom call with --group-rm, else one per sample."""
     if cfg.group_rm and cfg.custom_rm_path:
-        custom = load_function(cfg.custom_rm_path, flag="--custom-rm-path")
+        custom = _custom_rm(cfg.custom_rm_path)
         rewards = await _maybe_await(custom(cfg, samples))
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(samples):
             got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
