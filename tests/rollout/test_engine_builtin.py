@@ -75,6 +75,7 @@ def test_greedy_matches_hf_generate_token_for_token(engine, hf_model):
     for resp, row in zip(ours, ref):
         expected = row[: row.index(EOS) + 1] if EOS in row else row
         assert resp.output_ids == expected
+        assert resp.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
         n_eos += EOS in expected
     assert 0 < n_eos < len(prompts)  # both the eos and the length path were compared
 

@@ -193,7 +193,7 @@ class BuiltinEngine(RolloutEngine):
         active = [row for row in rows if row.finish is None]
         if active:
             self._decode(active)
-        return [self._response(row, version) for row in rows]
+        return self._responses(rows, version)
 
     def _decode(self, active: list[_Row]) -> None:
         from transformers import DynamicCache
@@ -202,12 +202,12 @@ class BuiltinEngine(RolloutEngine):
         lens = [len(row.req.input_ids) for row in active]
         width = max(lens)
         padded = any(n != width for n in lens)
-        input_ids = torch.full((len(active), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(active), width), dtype=torch.long)
-        for j, row in enumerate(active):
-            input_ids[j, width - lens[j] :] = torch.tensor(row.req.input_ids, dtype=torch.long)
-            mask[j, width - lens[j] :] = 1
-        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        # One tensor from padded lists: a torch.tensor per row costs more than the model at batch 256.
+        pad = self.pad_token_id
+        input_ids = torch.tensor(
+            [[pad] * (width - n) + row.req.input_ids for n, row in zip(lens, active)], dtype=torch.long
+        ).to(dev)
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lens], dtype=torch.long).to(dev)
         # Positions count real tokens only, so a left-padded prompt sees the positions it would alone.
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -266,9 +266,7 @@ class BuiltinEngine(RolloutEngine):
             return
         if sp.stop:
             longest = max(len(s) for s in sp.stop)
-            tail = self.tokenizer.decode(
-                row.out[-(longest + _STOP_TAIL_SLACK) :], skip_special_tokens=sp.skip_special_tokens
-            )
+            [tail] = self._decode_batch([row.out[-(longest + _STOP_TAIL_SLACK) :]], sp.skip_special_tokens)
             for s in sp.stop:
                 if s in tail:
                     row.finish, row.matched = "stop", s
@@ -276,18 +274,41 @@ class BuiltinEngine(RolloutEngine):
         if len(row.out) >= sp.max_new_tokens:
             row.finish = "length"
 
-    def _response(self, row: _Row, version: int) -> GenerateResponse:
-        sp = row.req.sampling_params
-        return GenerateResponse(
-            output_ids=row.out,
-            text=self.tokenizer.decode(row.out, skip_special_tokens=sp.skip_special_tokens),
-            finish_type=row.finish or "abort",
-            prompt_tokens=len(row.req.input_ids),
-            weight_version=version,
-            output_token_logprobs=row.logprobs if row.req.return_logprob else None,
-            matched=row.matched,
-            rid=row.req.rid,
-        )
+    def _decode_batch(self, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """`tokenizer.batch_decode`, calling the Rust tokenizer directly when there is one.
+
+        The transformers wrapper converts every id through Python first, which costs more than the
+        tiny model's whole decode step at batch 256; the result is the same string.
+        """
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer.batch_decode(seqs, skip_special_tokens=skip_special_tokens)
+        texts = backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+        if getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            texts = [self.tokenizer.clean_up_tokenization(t) for t in texts]
+        return texts
+
+    def _responses(self, rows: list[_Row], version: int) -> list[GenerateResponse]:
+        texts: list[str] = [""] * len(rows)
+        for skip in (True, False):  # batch_decode (one Rust call) per skip_special_tokens value
+            idx = [i for i, row in enumerate(rows) if row.req.sampling_params.skip_special_tokens == skip]
+            if idx:
+                decoded = self._decode_batch([rows[i].out for i in idx], skip)
+                for i, text in zip(idx, decoded):
+                    texts[i] = text
+        return [
+            GenerateResponse(
+                output_ids=row.out,
+                text=text,
+                finish_type=row.finish or "abort",
+                prompt_tokens=len(row.req.input_ids),
+                weight_version=version,
+                output_token_logprobs=row.logprobs if row.req.return_logprob else None,
+                matched=row.matched,
+                rid=row.req.rid,
+            )
+            for row, text in zip(rows, texts)
+        ]
 
     # ------------------------------------------------------------------ control
 
