@@ -1,0 +1,81 @@
+"""The always-on metrics file: `<run_dir>/metrics.jsonl`, one JSON object per `Tracker.log` call.
+
+Each line is `{"step": <int>, "time": <unix seconds>, "<metric>": <float>, ...}`. The file is opened
+for appending so a resumed run continues it; `resume_step=N` first drops every line with
+`step >= N` (those steps are about to be redone), rewriting the file atomically (temp + rename).
+A last line without its newline (the process was killed mid-write) is dropped on open, with a
+warning, so the file never holds a glued or half-written record. Non-finite values are written as
+`NaN` / `Infinity` (what Python's `json` reads back; strict JSON parsers need `allow_nan`).
+
+`read_metrics(path)` reads the file back (used by the plot and by tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete record of a metrics JSONL file, in file order."""
+    records = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n") and line.strip():
+                records.append(json.loads(line))
+    return records
+
+
+def _prepare(path: Path, resume_step: int | None) -> None:
+    """Drop a torn last line, and with `resume_step`, every record with step >= resume_step."""
+    if not path.exists():
+        return
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    if torn:
+        log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write", path, len(torn))
+    kept = [line for line in lines if line.strip()]
+    if resume_step is not None:
+        kept = [line for line in kept if json.loads(line)["step"] < resume_step]
+    if not torn and len(kept) == len([line for line in lines if line.strip()]):
+        return  # nothing to change: keep the file (and its inode) as it is
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(b"".join(line + b"\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class JsonlSink:
+    """Appends one line per `log`; flushed on every call so a crash loses at most the current step."""
+
+    name = "jsonl"
+
+    def __init__(self, run_dir: Path, *, resume_step: int | None = None):
+        self.path = run_dir / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _prepare(self.path, resume_step)
+        self._file: TextIO | None = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: log() after finish()")
+        record = {"step": step, "time": time.time(), **metrics}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self, status: str) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

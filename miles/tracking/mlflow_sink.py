@@ -1,0 +1,149 @@
+"""MLflow sink (`--use-mlflow`): one MLflow run per miles run, resumed when the miles run resumes.
+
+- Store: `--mlflow-tracking-uri` (or `$MLFLOW_TRACKING_URI`), else `sqlite:///<run_dir>/mlflow.db`,
+  a local file that needs no server (mlflow 3.17's plain `./mlruns` directory store refuses to work
+  without `MLFLOW_ALLOW_FILE_STORE=true`). Browse it with
+  `mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db`.
+- Which run: `--mlflow-run-id` when given (it must exist in the store); else the id recorded in
+  `<run_dir>/mlflow_run_id.txt` by an earlier start of this miles run (so a resumed run continues
+  its MLflow run; a recorded id the store does not know starts a new run, with a warning); else a
+  new run named `--mlflow-run-name` (default: the miles run id) in experiment
+  `--mlflow-experiment-name`. A reopened run is set back to RUNNING.
+- Params: flattened (`rollout.rollout_batch_size`), stringified, cut to 6000 characters, logged once;
+  on resume, params already in the run are skipped, and a value that changed is recorded as the tag
+  `changed_param/<key>` (MLflow refuses to overwrite a param).
+- Metrics: keys mapped by `miles.tracking.keys.mlflow_key`; two keys that map to the same name are
+  reported once and the later one is not sent to MLflow (the JSONL file still has it).
+
+Uses `MlflowClient` (no global active run), so it never disturbs a caller's own mlflow usage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from miles.config.tracking import TrackingConfig
+from miles.errors import UserError
+from miles.tracking.keys import flatten_params, mlflow_key
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "mlflow_run_id.txt"
+_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
+_PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
+
+
+def default_tracking_uri(run_dir: Path) -> str:
+    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class MlflowSink:
+    name = "mlflow"
+
+    def __init__(self, cfg: TrackingConfig, *, run_dir: Path, run_id: str, params: Mapping[str, Any] | Any):
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = cfg.mlflow_tracking_uri or default_tracking_uri(run_dir)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._key_owner: dict[str, str] = {}
+        self._reported: set[str] = set()
+        id_file = Path(run_dir) / RUN_ID_FILE
+
+        existing = None
+        if cfg.mlflow_run_id:
+            try:
+                existing = self.client.get_run(cfg.mlflow_run_id)
+            except MlflowException as e:
+                raise UserError(
+                    f"--mlflow-run-id {cfg.mlflow_run_id} is not a run in the MLflow store {self.tracking_uri} "
+                    f"({e.error_code}); pass an existing run id or drop the flag.",
+                    option="--mlflow-run-id",
+                ) from None
+        elif id_file.exists():
+            recorded = id_file.read_text(encoding="utf-8").strip()
+            try:
+                existing = self.client.get_run(recorded)
+            except MlflowException:
+                log.warning(
+                    "%s names MLflow run %s, which %s does not have; starting a new MLflow run",
+                    id_file, recorded, self.tracking_uri,
+                )
+
+        if existing is not None:
+            self.run_id = existing.info.run_id
+            if existing.info.status != "RUNNING":
+                self.client.update_run(self.run_id, status="RUNNING")
+            old_params = dict(existing.data.params)
+        else:
+            experiment_id = self._experiment_id(cfg.mlflow_experiment_name)
+            run = self.client.create_run(
+                experiment_id, run_name=cfg.mlflow_run_name or run_id, tags={"miles.run_id": run_id}
+            )
+            self.run_id = run.info.run_id
+            old_params = {}
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        _write_atomic(id_file, self.run_id + "\n")
+        self._log_params(params, old_params)
+
+    def _experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            return self.client.create_experiment(name)
+        if exp.lifecycle_stage == "deleted":
+            raise UserError(
+                f"MLflow experiment {name!r} is deleted in {self.tracking_uri}; restore it "
+                "(mlflow experiments restore) or pick another --mlflow-experiment-name.",
+                option="--mlflow-experiment-name",
+            )
+        return exp.experiment_id
+
+    def _log_params(self, params: Mapping[str, Any] | Any, old: dict[str, str]) -> None:
+        from mlflow.entities import Param, RunTag
+
+        flat: dict[str, str] = {}
+        for key, value in flatten_params(params).items():
+            flat.setdefault(mlflow_key(key), value)
+        new = [Param(k, v) for k, v in flat.items() if k not in old]
+        changed = [RunTag(mlflow_key(f"changed_param/{k}"), v) for k, v in flat.items() if k in old and old[k] != v]
+        if changed:
+            log.warning(
+                "MLflow run %s already has params %s with other values; recorded the new values as "
+                "changed_param/* tags", self.run_id, ", ".join(t.key.split("/", 1)[1] for t in changed),
+            )
+        for i in range(0, len(new), _PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=new[i : i + _PARAMS_PER_BATCH])
+        for i in range(0, len(changed), _PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, tags=changed[i : i + _PARAMS_PER_BATCH])
+
+    def _key(self, key: str) -> str | None:
+        name = mlflow_key(key)
+        owner = self._key_owner.setdefault(name, key)
+        if owner == key:
+            return name
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning("metric %r maps to MLflow key %r, already used by %r; not sent to MLflow", key, name, owner)
+        return None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, v, ts, step) for k, v in ((self._key(k), v) for k, v in metrics.items()) if k is not None]
+        for i in range(0, len(batch), _METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + _METRICS_PER_BATCH])
+
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)

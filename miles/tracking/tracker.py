@@ -1,0 +1,176 @@
+"""`Tracker`: one `log(metrics, step)` that fans out to every enabled sink, and `finish(status)`.
+
+Sinks (docs/monitoring.md has the user-facing story):
+
+| sink | enabled by | writes to |
+|---|---|---|
+| JSONL (`miles.tracking.jsonl`) | always | `<run_dir>/metrics.jsonl` |
+| MLflow (`miles.tracking.mlflow_sink`) | `--use-mlflow` | `--mlflow-tracking-uri`, else `sqlite:///<run_dir>/mlflow.db` |
+| TensorBoard (`miles.tracking.tensorboard_sink`) | `--use-tensorboard` | `--tensorboard-dir`, else `<run_dir>/tensorboard` |
+| wandb (`miles.tracking.wandb_sink`) | `--use-wandb` | `--wandb-dir`, else `<run_dir>/wandb` (offline by default) |
+| Prometheus (`miles.tracking.prometheus_sink`) | `--use-prometheus` | HTTP `:<--prometheus-port>/metrics` |
+
+Usage (the driver, once, in the driver process):
+
+    with Tracker(cfg.tracking, run_dir=out, run_id=run_id, params=asdict(cfg), resume_step=start) as tracker:
+        for step in range(start, num_rollout):
+            tracker.log({"rollout/raw_reward": r, ...}, step=step)   # several calls per step are fine
+
+Leaving the `with` block normally finishes the sinks as FINISHED, by KeyboardInterrupt as KILLED,
+by any other exception as FAILED. Without `with`, call `finish(status)` yourself.
+
+Failure policy: the JSONL file is the record of the run, so an error writing it propagates. An error
+in another sink's `log` (an MLflow server that went away) is logged with its traceback the first
+time, counted in `sink_errors`, and the run goes on (`strict=True` makes it propagate, for tests).
+`finish` closes every sink even when one fails to close, then reports the failures with a warning
+and returns them. This module decides nothing about *what* is logged: see metric_names.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Protocol
+
+from miles.config.tracking import TrackingConfig
+from miles.tracking.jsonl import JsonlSink
+
+log = logging.getLogger(__name__)
+
+Status = Literal["FINISHED", "FAILED", "KILLED"]
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+RESERVED_KEYS = ("step", "time")  # the JSONL record's own fields
+
+
+class Sink(Protocol):
+    name: str
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
+def _as_float(key: Any, value: Any) -> float:
+    if not isinstance(key, str):
+        raise TypeError(f"metric keys must be str, got {key!r}")
+    if key in RESERVED_KEYS:
+        raise ValueError(f"metric key {key!r} is reserved for the JSONL record; rename the metric")
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    try:
+        return float(value)  # 0-d torch/numpy values
+    except (TypeError, ValueError):
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}") from None
+
+
+class Tracker:
+    """Opens every sink `cfg` enables; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: TrackingConfig,
+        *,
+        run_dir: str | Path,
+        run_id: str,
+        params: Mapping[str, Any] | Any,
+        resume_step: int | None = None,
+        prometheus_host: str = "0.0.0.0",
+        strict: bool = False,
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id
+        self.strict = strict
+        self.sink_errors: dict[str, int] = {}
+        self._finished = False
+        self.jsonl = JsonlSink(self.run_dir, resume_step=resume_step)
+        self.sinks: list[Sink] = [self.jsonl]
+        self.mlflow = self.tensorboard = self.wandb = self.prometheus = None
+        try:
+            if cfg.use_mlflow:
+                from miles.tracking.mlflow_sink import MlflowSink
+
+                self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params)
+                self.sinks.append(self.mlflow)
+            if cfg.use_tensorboard:
+                from miles.tracking.tensorboard_sink import TensorBoardSink
+
+                self.tensorboard = TensorBoardSink(cfg, run_dir=self.run_dir, resume_step=resume_step)
+                self.sinks.append(self.tensorboard)
+            if cfg.use_wandb and cfg.wandb_mode != "disabled":
+                from miles.tracking.wandb_sink import WandbSink
+
+                self.wandb = WandbSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params)
+                self.sinks.append(self.wandb)
+            if cfg.use_prometheus:
+                from miles.tracking.prometheus_sink import PrometheusSink
+
+                self.prometheus = PrometheusSink(cfg, run_id=run_id, host=prometheus_host)
+                self.sinks.append(self.prometheus)
+        except BaseException:
+            self.finish("FAILED")  # close what was opened (files, a bound port) before re-raising
+            raise
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.jsonl.path
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record `metrics` (flat `/`-separated names → numbers) at `step` (the rollout id) in every sink."""
+        if self._finished:
+            raise RuntimeError("Tracker.log() after finish()")
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise TypeError(f"step must be a non-negative int, got {step!r}")
+        step = int(step)
+        values = {k: _as_float(k, v) for k, v in metrics.items()}
+        if not values:
+            return
+        self.jsonl.log(values, step)
+        for sink in self.sinks[1:]:
+            try:
+                sink.log(values, step)
+            except Exception:
+                if self.strict:
+                    raise
+                count = self.sink_errors.get(sink.name, 0) + 1
+                self.sink_errors[sink.name] = count
+                if count == 1:
+                    log.exception("metrics sink %s failed at step %d; the run continues, later failures are counted", sink.name, step)
+
+    def finish(self, status: Status = "FINISHED") -> dict[str, BaseException]:
+        """Close every sink (each one even if another fails); returns {sink name: error} for those that failed."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        if self._finished:
+            return {}
+        self._finished = True
+        errors: dict[str, BaseException] = {}
+        for sink in reversed(self.sinks):  # the JSONL file last: it is the record of the other sinks' fate
+            try:
+                sink.close(status)
+            except Exception as e:
+                errors[sink.name] = e
+                log.warning("closing metrics sink %s failed: %s: %s", sink.name, type(e).__name__, e, exc_info=e)
+        for name, count in self.sink_errors.items():
+            log.warning("metrics sink %s failed %d time(s) during the run; its record is incomplete", name, count)
+        return errors
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.finish("FINISHED")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish("KILLED")
+        else:
+            self.finish("FAILED")
+
+
+__all__ = ["STATUSES", "Status", "Tracker"]
