@@ -1,0 +1,115 @@
+"""The metric names the training loop emits, with their meaning: part of miles' interface.
+
+Names are `/`-separated with four prefixes: `rollout/` (the generated batch), `train/` (the
+optimizer steps on it), `eval/<dataset>/` (one block per `--eval-prompt-data` dataset), `perf/`
+(wall-clock seconds and throughput). Every metric is logged with the step = the number of completed
+rollouts (eval before training is step 0). A `<placeholder>` segment stands for a family of names
+(`eval/<ds>/accuracy` covers `eval/gsm8k/accuracy`).
+
+`metric_names()` is the table; `metric_names_markdown()` renders it into docs/monitoring.md (a test
+checks the doc block equals it); `is_documented(name)` tells whether a concrete name is covered.
+Regenerate the doc block with `python -m miles.tracking.metric_names --write docs/monitoring.md`.
+The `train/` names are the loss metrics of miles/algo/losses.py (and miles/algo/rollout_correction.py)
+under the `train/` prefix, plus what the trainer adds.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+_NAMES: tuple[tuple[str, str], ...] = (
+    # rollout/: the batch generated at this step (all samples of all groups)
+    ("rollout/raw_reward", "Mean reward of the step's samples, before any normalisation."),
+    ("rollout/reward_std", "Standard deviation of the step's rewards (population, over all samples)."),
+    ("rollout/response_len_mean", "Mean response length in tokens."),
+    ("rollout/truncated_ratio", "Fraction of samples cut by the response-length limit."),
+    ("rollout/zero_std_fraction", "Fraction of prompt groups whose rewards are all equal (zero advantage under GRPO)."),
+    ("rollout/dropped/<reason>", "Number of groups dynamic sampling dropped for `<reason>` at this step."),
+    # train/: the optimizer steps on this rollout (means over the steps unless said otherwise)
+    ("train/loss", "The loss that was back-propagated (policy loss − entropy bonus + KL loss)."),
+    ("train/pg_loss", "PPO clipped surrogate (GSPO: with the sequence-level ratio)."),
+    ("train/pg_clipfrac", "Fraction of tokens where the clipped term of the surrogate was taken."),
+    ("train/ppo_kl", "Mean of old log-prob − new log-prob (GSPO: per-sample mean)."),
+    ("train/approx_kl", "k3 estimate of KL(old ‖ new)."),
+    ("train/ratio_mean", "Mean PPO ratio exp(logp − old_logp)."),
+    ("train/ratio_max", "Largest PPO ratio of the rollout (max over the optimizer steps)."),
+    ("train/ratio_min", "Smallest PPO ratio of the rollout (min over the optimizer steps)."),
+    ("train/entropy_loss", "Mean token entropy of the policy (0 when entropy is not computed)."),
+    ("train/kl_loss", "Mean KL to the reference model (`--kl-loss-type`), with `--use-kl-loss`."),
+    ("train/train_rollout_logprob_abs_diff", "Mean |trainer log-prob − rollout-engine log-prob| (engine mismatch)."),
+    ("train/train_rollout_kl", "Mean low-variance KL between rollout-engine and trainer log-probs."),
+    ("train/tis", "Mean truncated importance-sampling weight, with `--use-tis`."),
+    ("train/tis_clipfrac", "Fraction of tokens whose TIS weight was truncated."),
+    ("train/tis_abs", "Mean |TIS weight − 1|."),
+    ("train/mis_<metric>", "Rollout-correction metrics of `--custom-config-path` MIS (weights, mask fractions)."),
+    ("train/value_loss", "PPO value loss (critic), with `--advantage-estimator ppo`."),
+    ("train/value_clipfrac", "Fraction of tokens where the clipped value term was taken."),
+    ("train/grad_norm", "Gradient norm before clipping (mean over the optimizer steps)."),
+    ("train/lr", "Learning rate of the last optimizer step."),
+    ("train/skipped_step", "Fraction of optimizer steps skipped (non-finite gradient)."),
+    # eval/<ds>/: one block per eval dataset, on the eval sampling settings
+    ("eval/<ds>/accuracy", "Fraction of eval samples with a positive reward."),
+    ("eval/<ds>/reward", "Mean eval reward."),
+    ("eval/<ds>/response_len_mean", "Mean eval response length in tokens."),
+    ("eval/<ds>/truncated_ratio", "Fraction of eval samples cut by `--eval-max-response-len`."),
+    ("eval/step", "Step of an eval logged on its own (0: the eval before training)."),
+    # perf/: seconds and throughput
+    ("perf/step_time", "Wall-clock seconds of the whole step (generate, train, save, sync, eval)."),
+    ("perf/rollout_time", "Seconds spent generating and scoring the rollout."),
+    ("perf/train_time", "Seconds the driver waited for training on the rollout."),
+    ("perf/train_step_time", "Seconds the trainer spent in its train call (inside perf/train_time)."),
+    ("perf/weight_sync_time", "Seconds to send the new weights to the rollout engines."),
+    ("perf/eval_time", "Seconds spent on eval (all datasets) at this step."),
+    ("perf/rollout_tokens_per_s", "Generated tokens per second during the rollout."),
+    ("perf/train_tokens_per_s", "Trained tokens (prompt + response) per second, all data-parallel ranks."),
+)
+
+PREFIXES = ("rollout/", "train/", "eval/", "perf/")
+
+
+def metric_names() -> list[tuple[str, str]]:
+    """(name, meaning) for every documented metric, grouped by prefix."""
+    return list(_NAMES)
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    parts = re.split(r"(<[a-z_]+>)", name)
+    body = "".join("[^/]+" if p.startswith("<") else re.escape(p) for p in parts)
+    return re.compile(body + r"\Z")
+
+
+_PATTERNS = [_pattern(name) for name, _ in _NAMES]
+
+
+def is_documented(name: str) -> bool:
+    """True when `name` (a concrete key such as `eval/gsm8k/accuracy`) is in the table."""
+    return any(p.match(name) for p in _PATTERNS)
+
+
+def metric_names_markdown() -> str:
+    """The metric-names table of docs/monitoring.md (between its `metric-names` GENERATED markers)."""
+    rows = ["| Metric | Meaning |", "|---|---|"]
+    for name, meaning in _NAMES:
+        escaped = meaning.replace("|", "\\|")  # a `|` would end the table cell
+        rows.append(f"| `{name}` | {escaped} |")
+    return "\n".join(rows) + "\n"
+
+
+BEGIN = "<!-- BEGIN GENERATED: metric-names -->\n"
+END = "<!-- END GENERATED: metric-names -->"
+
+
+def replace_block(doc: str) -> str:
+    """`doc` with the text between the metric-names markers replaced by `metric_names_markdown()`."""
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    return doc[:start] + metric_names_markdown() + doc[end:]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        path = Path(sys.argv[2])
+        path.write_text(replace_block(path.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        sys.stdout.write(metric_names_markdown())
