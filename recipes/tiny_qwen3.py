@@ -51,6 +51,7 @@ def plan(o: Options) -> RecipePlan:
         "global_batch_size": 128,
         "micro_batch_size": 128,
         "rollout_max_response_len": 3,
+        "rollout_skip_special_tokens": True,
         "rollout_temperature": 1.0,
         "rollout_shuffle": True,
         "eval_prompt_data": ["arith", f"{task}/eval.jsonl"],

@@ -1,0 +1,1 @@
+"""Orchestration: the rollout manager, the training worker group and the driver loop, on Ray."""

@@ -1,0 +1,189 @@
+"""The driver loop: one RL run on Ray, in upstream's order, resumable from its last complete checkpoint.
+
+    for rollout_id in range(start, num_rollout):
+        eval (before the first step, unless --skip-eval-before-train)
+        generate → train → save (every --save-interval, and the last step) → update weights
+        eval (every --eval-interval, and the last step)
+
+Ray starts in-process (a private local node) unless --ray-address / RAY_ADDRESS names a cluster.
+Every wait on an actor has a timeout and names what it waited for. With --save, a run killed at any
+moment resumes from its last complete checkpoint when the same command is run again (--load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from miles.config.engine import EngineConfig
+from miles.errors import StepFailed, UserError
+
+ACTOR_START_TIMEOUT_S = 600.0
+STEP_TIMEOUT_S = 3600.0
+
+
+def wait(refs, what: str, timeout: float = STEP_TIMEOUT_S):
+    """`ray.get` with a timeout and a message that says what was being waited for."""
+    import ray
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise StepFailed(f"timed out after {timeout:.0f} s waiting for {what}") from None
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_dir: Path
+    final_step: int
+    first_eval: dict[str, float]
+    last_eval: dict[str, float]
+    plot: Path | None
+    resumed_from: int | None
+
+
+@contextlib.contextmanager
+def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        kwargs: dict[str, Any] = dict(
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            configure_logging=False,
+        )
+        if cfg.cluster.ray_address:
+            ray.init(address=cfg.cluster.ray_address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus, **kwargs)
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
+    import ray
+
+    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint, save_checkpoint
+    from miles.ray.rollout_manager import RolloutManager, pick_device
+    from miles.ray.train_group import TrainWorker, free_port
+    from miles.tracking import Tracker
+    from miles.tracking.console import print_step_summary, progress
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
+    device = pick_device(cfg.cluster.device)
+    # Colocated actors take turns on the same devices: give each a fraction of a CPU so they fit.
+    cpu_each = 0.5 if cfg.cluster.colocate else 1.0
+    num_cpus = max(os.cpu_count() or 1, world + 1)
+
+    with ray_session(cfg, env or {}, num_cpus):
+        RM = ray.remote(num_cpus=cpu_each)(RolloutManager)
+        TW = ray.remote(num_cpus=cpu_each)(TrainWorker)
+        manager = RM.remote(cfg)
+        port = free_port()
+        workers = [TW.remote(cfg, rank=r, world_size=world, master_port=port, device=device) for r in range(world)]
+        wait([manager.num_prompts.remote()] + [w.ready.remote() for w in workers], "the rollout manager and training workers to start", ACTOR_START_TIMEOUT_S)
+
+        d = cfg.data
+        if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
+            num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
+            d.num_rollout = max(1, num_prompts * d.num_epoch // d.rollout_batch_size)
+
+        start, resumed_from = 0, None
+        if cfg.ckpt.load:
+            found = load_latest_checkpoint(cfg.ckpt.load)
+            if found is not None:
+                rollout_id, state, extra = found
+                wait([w.load_state_dict.remote(state) for w in workers], "the training workers to load the checkpoint")
+                wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
+                start, resumed_from = rollout_id + 1, rollout_id
+
+        tracker = Tracker(
+            cfg.tracking, run_dir=run_dir, run_id=run_id, params=cfg.flat(), resume_step=start if resumed_from is not None else None
+        )
+        status = "FAILED"
+        first_eval: dict[str, float] = {}
+        last_eval: dict[str, float] = {}
+        try:
+            sync_time = _update_weights(cfg, workers, manager, version=start)
+            if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
+                first_eval = wait(manager.eval.remote(0), "eval before training")
+                tracker.log({**first_eval, "eval/step": 0}, step=0)
+                last_eval = first_eval
+            with progress() as bar:
+                task = bar.add_task("RL steps", total=d.num_rollout, completed=start)
+                for rollout_id in range(start, d.num_rollout):
+                    t0 = time.perf_counter()
+                    out = wait(manager.generate.remote(rollout_id), f"rollout {rollout_id} to generate")
+                    metrics = dict(out["metrics"])
+                    if not cfg.debug.debug_rollout_only:
+                        t1 = time.perf_counter()
+                        results = wait([w.train.remote(out["train_data"], rollout_id) for w in workers], f"training on rollout {rollout_id}")
+                        metrics.update(results[0])
+                        metrics["perf/train_time"] = time.perf_counter() - t1
+                    last = rollout_id + 1 == d.num_rollout
+                    if cfg.ckpt.save and (last or (cfg.ckpt.save_interval and (rollout_id + 1) % cfg.ckpt.save_interval == 0)):
+                        _save(cfg, workers, manager, rollout_id, save_checkpoint)
+                    if not cfg.debug.debug_rollout_only:
+                        metrics["perf/weight_sync_time"] = _update_weights(cfg, workers, manager, version=rollout_id + 1)
+                    if cfg.eval.eval_interval is not None and (last or (rollout_id + 1) % cfg.eval.eval_interval == 0):
+                        last_eval = wait(manager.eval.remote(rollout_id + 1), f"eval after rollout {rollout_id}")
+                        metrics.update(last_eval)
+                        if not first_eval and start == 0:
+                            first_eval = last_eval
+                    metrics["perf/step_time"] = time.perf_counter() - t0
+                    tracker.log(metrics, step=rollout_id + 1)
+                    print_step_summary(rollout_id + 1, metrics)
+                    bar.advance(task)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            plot = None
+            with contextlib.suppress(Exception):
+                from miles.tracking.plot import plot_curves
+
+                plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+            tracker.finish(status=status)
+        return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
+
+
+def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> float:
+    t0 = time.perf_counter()
+    buckets = wait(workers[0].weight_buckets.remote(cfg.rollout.update_weight_buffer_size), "the trainer's weights")
+    wait(manager.update_weights.remote(buckets, version), "the rollout engine to load new weights")
+    if cfg.debug.check_weight_update_equal:
+        trainer_sum, engine_sum = wait(
+            [workers[0].weights_checksum.remote(), manager.weights_checksum.remote()], "weight checksums"
+        )
+        if trainer_sum != engine_sum:
+            raise StepFailed(
+                f"--check-weight-update-equal: after the weight update to version {version} the rollout engine's "
+                f"weights (sha256 {engine_sum[:12]}) differ from the trainer's ({trainer_sum[:12]})"
+            )
+    return time.perf_counter() - t0
+
+
+def _save(cfg: EngineConfig, workers, manager, rollout_id: int, save_checkpoint) -> None:
+    state = wait(workers[0].state_dict.remote(), "the trainer state")
+    manager_state = wait(manager.state_dict.remote(), "the data position")
+    save_checkpoint(
+        cfg.ckpt.save,
+        rollout_id,
+        state,
+        {"rollout_manager": manager_state, "rollout_id": rollout_id},
+        keep_last=cfg.ckpt.keep_last_checkpoints,
+    )
+    if cfg.ckpt.save_hf:
+        wait(workers[0].export_hf.remote(cfg.ckpt.save_hf.format(rollout_id=rollout_id)), "the Hugging Face export")

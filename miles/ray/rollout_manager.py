@@ -1,0 +1,259 @@
+"""The rollout manager: prompts → engine → rewards → train data, and eval, behind one object.
+
+It owns the rollout engine (the built-in torch engine; the SGLang client plugs in behind the same
+`RolloutEngine` interface), the prompt data source, the eval datasets and the reward settings. The
+driver runs it as one Ray actor (`ray.remote(RolloutManager)`) and talks to it only through the
+methods below; it can also be used in-process (tests).
+
+Sampling is reproducible without saving engine RNG state: every request carries its own seed derived
+from (--rollout-seed, rollout id, sample index), so a resumed run regenerates exactly what an
+uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from miles.config.engine import EngineConfig
+from miles.errors import UserError
+from miles.rollout.data_source import PromptDataset, RolloutDataSource
+from miles.rollout.engine.base import GenerateRequest, SamplingParams
+from miles.rollout.engine.builtin import BuiltinEngine
+from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.train_data import samples_to_train_data
+from miles.sample import Sample, SampleStatus
+from miles.utils.load_function import load_function
+
+
+def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "train") -> int:
+    digest = hashlib.sha256(f"{purpose}:{base}:{rollout_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was given but no CUDA device is visible; use --device cpu or auto.", option="--device")
+    return device
+
+
+class RolloutManager:
+    def __init__(self, cfg: EngineConfig, *, threads: int = 1):
+        torch.set_num_threads(threads)
+        self.cfg = cfg
+        r, d = cfg.rollout, cfg.data
+        self.engine = BuiltinEngine(
+            r.hf_checkpoint,
+            device=pick_device(cfg.cluster.device),
+            max_batch_size=r.rollout_max_batch_size,
+            seed=r.rollout_seed,
+        )
+        self.tokenizer = self.engine.tokenizer
+        self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
+        self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
+        self.eval_datasets: dict[str, PromptDataset] = {}
+        pairs = cfg.eval.eval_prompt_data or []
+        for name, path in zip(pairs[0::2], pairs[1::2]):
+            self.eval_datasets[name] = PromptDataset(
+                path,
+                tokenizer=self.tokenizer,
+                input_key=cfg.eval.eval_input_key,
+                label_key=cfg.eval.eval_label_key,
+                metadata_key=d.metadata_key,
+                tool_key=d.tool_key,
+                apply_chat_template=d.apply_chat_template,
+                apply_chat_template_kwargs=d.apply_chat_template_kwargs,
+                max_prompt_len=r.rollout_max_prompt_len,
+                flag="--eval-prompt-data",
+            )
+        self.dynamic_filter = load_function(r.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path")
+        rw = cfg.reward
+        self.reward_post_process = load_function(rw.custom_reward_post_process_path, flag="--custom-reward-post-process-path")
+        self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
+
+    # ------------------------------------------------------------------ generation
+    def num_prompts(self) -> int:
+        return len(self.dataset)
+
+    def _sampling(self, *, temperature, top_p, top_k, max_new_tokens, seed) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop=r.rollout_stop,
+            stop_token_ids=r.rollout_stop_token_ids,
+            skip_special_tokens=r.rollout_skip_special_tokens,
+            seed=seed,
+        )
+
+    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, temperature, top_p, top_k, max_new_tokens) -> int:
+        """Fill `samples` in place with responses; return the number of generated tokens."""
+        requests = []
+        for s in samples:
+            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False) if isinstance(s.prompt, str) else list(s.tokens)
+            s.tokens = list(prompt_ids)
+            seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
+            requests.append(
+                GenerateRequest(
+                    input_ids=prompt_ids,
+                    sampling_params=self._sampling(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed),
+                    return_logprob=True,
+                )
+            )
+        responses = self.engine.generate(requests)
+        total = 0
+        for s, resp in zip(samples, responses):
+            s.tokens = s.tokens + list(resp.output_ids)
+            s.response_length = len(resp.output_ids)
+            s.response = resp.text
+            s.rollout_log_probs = [float(x) for x in resp.output_token_logprobs]
+            finish = resp.finish_reason["type"]
+            s.status = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}.get(finish, SampleStatus.ABORTED)
+            s.weight_version = self.engine.weight_version
+            total += s.response_length
+        return total
+
+    def _score(self, groups: list[list[Sample]]) -> None:
+        async def score_all():
+            results = await asyncio.gather(*(compute_group_rewards(self.cfg.reward, g) for g in groups))
+            for g, rewards in zip(groups, results):
+                for s, reward in zip(g, rewards):
+                    s.reward = reward
+
+        asyncio.run(score_all())
+
+    def generate(self, rollout_id: int) -> dict[str, Any]:
+        """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
+        d, r = self.cfg.data, self.cfg.rollout
+        t0 = time.perf_counter()
+        kept: list[list[Sample]] = []
+        dropped: dict[str, int] = {}
+        tokens = 0
+        attempts = 0
+        while len(kept) < d.rollout_batch_size:
+            attempts += 1
+            if attempts > 100:
+                raise UserError(
+                    f"the dynamic sampling filter kept {len(kept)} of {d.rollout_batch_size} groups after 100 "
+                    "batches; loosen --dynamic-sampling-filter-path or raise --over-sampling-batch-size.",
+                    option="--dynamic-sampling-filter-path",
+                )
+            groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
+            flat = [s for g in groups for s in g]
+            tokens += self._generate(
+                flat,
+                rollout_id=rollout_id,
+                purpose=f"train{attempts}",
+                temperature=r.rollout_temperature,
+                top_p=r.rollout_top_p,
+                top_k=r.rollout_top_k,
+                max_new_tokens=r.rollout_max_response_len,
+            )
+            self._score(groups)
+            for g in groups:
+                if len(kept) == d.rollout_batch_size:
+                    dropped["over_sampled"] = dropped.get("over_sampled", 0) + 1
+                    continue
+                if self.dynamic_filter is not None:
+                    verdict = self.dynamic_filter(self.cfg, g)
+                    if not verdict.keep:
+                        dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
+                        continue
+                kept.append(g)
+        samples = [s for g in kept for s in g]
+        train_data = samples_to_train_data(
+            samples,
+            algo=self.cfg.algo,
+            n_samples_per_prompt=d.n_samples_per_prompt,
+            reward_key=self.cfg.reward.reward_key,
+            custom_reward_post_process=self.reward_post_process,
+            custom_convert=self.custom_convert,
+            hook_args=self.cfg,
+        )
+        elapsed = time.perf_counter() - t0
+        raw = torch.tensor(train_data["raw_reward"], dtype=torch.float64)
+        group_std = raw.view(-1, d.n_samples_per_prompt).std(dim=1, unbiased=False) if d.n_samples_per_prompt > 1 else torch.zeros(1)
+        lengths = torch.tensor([s.response_length for s in samples], dtype=torch.float64)
+        metrics = {
+            "rollout/raw_reward": raw.mean().item(),
+            "rollout/reward_std": raw.std(unbiased=False).item(),
+            "rollout/response_len_mean": lengths.mean().item(),
+            "rollout/truncated_ratio": sum(s.status == SampleStatus.TRUNCATED for s in samples) / len(samples),
+            "rollout/zero_std_fraction": (group_std <= 1e-8).double().mean().item(),
+            "perf/rollout_time": elapsed,
+            "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        }
+        for reason, count in dropped.items():
+            metrics[f"rollout/dropped/{reason}"] = float(count)
+        if self.cfg.debug.save_debug_rollout_data:
+            path = Path(self.cfg.debug.save_debug_rollout_data.format(rollout_id=rollout_id))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w") as f:
+                for s in samples:
+                    f.write(json.dumps(s.to_dict()) + "\n")
+        return {"train_data": train_data, "metrics": metrics}
+
+    # ------------------------------------------------------------------ eval
+    def eval(self, rollout_id: int) -> dict[str, float]:
+        """Score every eval dataset with the eval sampling settings; eval/<name>/{accuracy,reward,...}."""
+        e = self.cfg.eval
+        metrics: dict[str, float] = {}
+        for name, dataset in self.eval_datasets.items():
+            t0 = time.perf_counter()
+            groups = []
+            for i, prompt in enumerate(dataset):
+                group = []
+                for j in range(e.n_samples_per_eval_prompt):
+                    s = Sample.from_dict(prompt.to_dict())
+                    s.index = i * e.n_samples_per_eval_prompt + j
+                    s.group_index = i
+                    group.append(s)
+                groups.append(group)
+            flat = [s for g in groups for s in g]
+            self._generate(
+                flat,
+                rollout_id=rollout_id,
+                purpose=f"eval:{name}",
+                temperature=e.eval_temperature,
+                top_p=e.eval_top_p,
+                top_k=e.eval_top_k,
+                max_new_tokens=e.eval_max_response_len,
+            )
+            self._score(groups)
+            key = self.cfg.reward.eval_reward_key
+            rewards = [s.get_reward_value(key) for s in flat]
+            metrics[f"eval/{name}/reward"] = sum(rewards) / len(rewards)
+            metrics[f"eval/{name}/accuracy"] = sum(r > 0 for r in rewards) / len(rewards)
+            metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for s in flat) / len(flat)
+            metrics[f"eval/{name}/truncated_ratio"] = sum(s.status == SampleStatus.TRUNCATED for s in flat) / len(flat)
+            metrics["perf/eval_time"] = metrics.get("perf/eval_time", 0.0) + time.perf_counter() - t0
+        return metrics
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, buckets: list[list[tuple[str, torch.Tensor]]], version: int) -> float:
+        t0 = time.perf_counter()
+        self.engine.begin_weight_update()
+        for bucket in buckets:
+            self.engine.update_weights_from_tensors(bucket)
+        self.engine.end_weight_update(version)
+        return time.perf_counter() - t0
+
+    def weights_checksum(self) -> str:
+        return self.engine.get_weights_checksum()
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        return {"data_source": self.data_source.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.data_source.load_state_dict(state["data_source"])

@@ -1,0 +1,92 @@
+"""The training worker group: one `TrainWorker` per data-parallel rank, as Ray actors.
+
+Every rank holds a `TorchTrainer` over the same weights; with more than one rank they form a gloo
+(CPU) or NCCL (GPU) process group and average gradients, so every rank ends each step with identical
+weights. Rank 0 answers for the group when weights or state are read.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from miles.config.engine import EngineConfig
+from miles.rollout.engine.base import iter_weight_buckets
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TrainWorker:
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, master_port: int, device: str, threads: int = 1):
+        torch.set_num_threads(threads)
+        self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            import datetime
+
+            import torch.distributed as dist
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+            dist.init_process_group(
+                "nccl" if device == "cuda" else "gloo",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(minutes=10),
+            )
+        from miles.backends.torch.trainer import TorchTrainer
+
+        self.cfg = cfg
+        self.trainer = TorchTrainer(
+            cfg.rollout.hf_checkpoint,
+            optimizer_cfg=cfg.optimizer,
+            algo_cfg=cfg.algo,
+            micro_batch_size=cfg.train.micro_batch_size,
+            deterministic=cfg.train.deterministic_mode,
+            seed=cfg.optimizer.seed,
+            device=device,
+            dp_rank=rank,
+            dp_world_size=world_size,
+            ref_hf_dir=cfg.ckpt.ref_load,
+        )
+
+    def ready(self) -> bool:
+        return True
+
+    def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
+        d = self.cfg.data
+        return self.trainer.train_step(
+            train_data,
+            rollout_id=rollout_id,
+            global_batch_size=d.global_batch_size,
+            num_steps_per_rollout=d.num_steps_per_rollout,
+            n_samples_per_prompt=d.n_samples_per_prompt,
+        )
+
+    def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+        """The weights in Hugging Face naming, copied and grouped into buckets of at most `bucket_bytes`."""
+        named = [(n, t.detach().clone().cpu()) for n, t in self.trainer.named_weights_for_sync()]
+        return [list(b) for b in iter_weight_buckets(named, bucket_bytes)]
+
+    def weights_checksum(self) -> str:
+        from miles.rollout.engine.base import weights_checksum
+
+        return weights_checksum(self.trainer.named_weights_for_sync())
+
+    def state_dict(self) -> dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(self.trainer.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+
+    def export_hf(self, out_dir: str) -> str:
+        from miles.ckpt.hf_export import export_hf
+
+        return str(export_hf(dict(self.trainer.named_weights_for_sync()), self.cfg.rollout.hf_checkpoint, out_dir))

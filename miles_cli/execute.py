@@ -1,0 +1,55 @@
+"""What `full-train`, `train` and `eval` do once their options are resolved (imports the heavy stack)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from miles.errors import UserError
+
+console = Console()
+
+
+def _require_inputs(cfg, command: str) -> None:
+    hint = " Run `miles full-train` to prepare it." if command == "train" else ""
+    if not cfg.rollout.hf_checkpoint or not (Path(cfg.rollout.hf_checkpoint) / "config.json").is_file():
+        raise UserError(f"--hf-checkpoint {cfg.rollout.hf_checkpoint} is not a Hugging Face model directory.{hint}", option="--hf-checkpoint")
+    if command != "eval" and not Path(cfg.data.prompt_data).is_file():
+        raise UserError(f"--prompt-data {cfg.data.prompt_data} does not exist.{hint}", option="--prompt-data")
+
+
+def execute(inv, *, checkpoint: str | None = None) -> None:
+    os.environ.update(inv.plan.env)
+    cfg = inv.config
+    if inv.command == "full-train":
+        from miles.prepare.runner import run_prepare_steps
+
+        run_prepare_steps(inv.plan.prepare)
+    _require_inputs(cfg, inv.command)
+    if inv.command == "eval":
+        from miles.eval.run import run_eval
+
+        run_eval(cfg, checkpoint=checkpoint, run_dir=inv.options.run_dir)
+        return
+    from miles.ray.driver import run_training
+
+    result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.plan.env)
+    print_result(result)
+
+
+def print_result(result) -> None:
+    console.rule("[bold]Run finished")
+    if result.resumed_from is not None:
+        console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
+    for key in sorted(k for k in result.last_eval if k.endswith("/accuracy")):
+        before = result.first_eval.get(key)
+        after = result.last_eval[key]
+        if before is not None:
+            console.print(f"{key}: {before:.3f} before RL → {after:.3f} after ({after - before:+.3f})")
+        else:
+            console.print(f"{key}: {after:.3f}")
+    console.print(f"Outputs: {result.run_dir} (metrics.jsonl, checkpoints/, mlflow.db)")
+    if result.plot:
+        console.print(f"Plot: {result.plot}")
