@@ -92,7 +92,7 @@ class ModelShape:
             if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
                 unsupported.append("dense layers mixed into the MoE stack (mlp_only_layers / decoder_sparse_step)")
             moe = dict(
-                num_experts=int(cfg["num_experts"]),
+                num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),  # transformers 5 renamed it
                 moe_ffn_hidden_size=int(cfg["moe_intermediate_size"]),
                 moe_router_topk=int(cfg["num_experts_per_tok"]),
                 moe_norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),

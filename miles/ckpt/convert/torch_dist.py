@@ -5,7 +5,7 @@
 them with `megatron.core.dist_checkpointing`. `TorchDistReader(ckpt_dir, shape)` reads tensors back,
 one layer at a time, by asking `dist_checkpointing.load` for exactly those shards.
 
-Memory: reading is streamed (one layer's tensors at a time). Writing is NOT: megatron-core's
+Memory: reading is streamed (one tensor at a time). Writing is NOT: megatron-core's
 `dist_checkpointing.save` takes one state dict for the whole checkpoint (its metadata and
 validation span all shards), so the writer holds the converted model in memory once.
 
