@@ -208,3 +208,15 @@ def test_data_parallel_needs_an_initialised_process_group(tiny_hf_dir):
             tiny_hf_dir, optimizer_cfg=OptimizerConfig(), algo_cfg=algo(), micro_batch_size=1,
             deterministic=False, seed=0, dp_rank=0, dp_world_size=2,
         )
+
+
+def test_single_step_rollouts_reuse_the_training_forward_as_old_log_probs(tiny_hf_dir):
+    data = make_train_data(8, seed=9, with_rollout_log_probs=True)
+    fast, slow = make_trainer(tiny_hf_dir), make_trainer(tiny_hf_dir)
+    slow.reuse_on_policy_log_probs = False
+    for r in range(2):
+        m_fast, m_slow = fast.train_step(data, rollout_id=r), slow.train_step(data, rollout_id=r)
+        assert {k: v for k, v in m_fast.items() if k.startswith("train/")} == {
+            k: v for k, v in m_slow.items() if k.startswith("train/")
+        }
+    assert_bit_equal(weights(fast), weights(slow))

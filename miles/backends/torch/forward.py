@@ -55,15 +55,15 @@ def response_log_probs(
     logits = model(
         input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
     ).logits
-    log_probs: list[torch.Tensor] = []
-    entropies: list[torch.Tensor] | None = [] if entropy_fn is not None else None
-    for i, (t, r) in enumerate(zip(tokens, response_lengths)):
-        n = len(t)
-        step_logits = logits[i, n - r - 1 : n - 1].float()
-        targets = input_ids[i, n - r : n].to(logits.device)
-        # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [R, V] log-softmax.
-        lp = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step_logits, dim=-1)
-        log_probs.append(lp)
-        if entropies is not None:
-            entropies.append(entropy_fn(step_logits))
+    # One gather of every response position of the batch: slicing per sample would make backward
+    # allocate (and sum) a full-size logits gradient per sample.
+    rows = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r in enumerate(response_lengths)])
+    cols = torch.cat([torch.arange(len(t) - r - 1, len(t) - 1) for t, r in zip(tokens, response_lengths)])
+    step_logits = logits[rows.to(logits.device), cols.to(logits.device)].float()  # [sum R, V]
+    targets = input_ids[rows, cols + 1].to(logits.device)
+    # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [sum R, V] log-softmax.
+    flat = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step_logits, dim=-1)
+    sizes = list(response_lengths)
+    log_probs = list(flat.split(sizes))
+    entropies = list(entropy_fn(step_logits).split(sizes)) if entropy_fn is not None else None
     return log_probs, entropies

@@ -5,7 +5,8 @@ What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order
 1. cut the rollout into `num_steps_per_rollout` optimizer steps of `global_batch_size` samples; this
    data-parallel rank takes its slice of each step (`batching.plan_steps`);
 2. old log-probs: a no-grad forward of the actor before any update (or the rollout engine's log-probs
-   with `--use-rollout-logprobs`); reference log-probs from the frozen reference model when a KL term
+   with `--use-rollout-logprobs`; with one optimizer step per rollout, the detached log-probs of the
+   training forward itself, which are the same numbers); reference log-probs from the frozen reference model when a KL term
    is on (`--use-kl-loss` or `--kl-coef`);
 3. advantages and returns from the rewards (`miles.algo.advantages`);
 4. per step: micro-batches of `micro_batch_size` samples, forward, loss, backward (gradients
@@ -128,6 +129,9 @@ class TorchTrainer:
         seed_everything(seed, deterministic=deterministic)
         self.model = _load_causal_lm(hf_dir, device)
         self.model.train()
+        self.reuse_on_policy_log_probs = True
+        """With one optimizer step per rollout, take the old log-probs from the training forward
+        (identical numbers, one forward fewer). False forces the separate no-grad forward."""
         self.ref_model: torch.nn.Module | None = None
         if self.uses_reference:
             self.ref_model = _load_causal_lm(ref_hf_dir or hf_dir, device)
@@ -269,13 +273,20 @@ class TorchTrainer:
             out["rollout_log_probs"] = {
                 i: torch.as_tensor(rollout_lp[i], dtype=torch.float32, device=self.device) for i in local
             }
+        old: list[torch.Tensor] | None
         if self.algo_cfg.use_rollout_logprobs:
             if rollout_lp is None:
                 raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
             old = [out["rollout_log_probs"][i] for i in local]
+        elif len(plans) == 1 and self.algo_cfg.kl_coef == 0 and self.reuse_on_policy_log_probs:
+            # One optimizer step per rollout: the weights do not change before the training forward,
+            # which runs the same micro-batches, so its detached log-probs ARE the old log-probs (bit
+            # for bit); skip a whole forward pass. kl_coef needs them earlier, for the advantages.
+            old = None
         else:
             old = self._forward_no_grad(self.model, train_data, micro_batches)
-        out["old_log_probs"] = dict(zip(local, old))
+        if old is not None:
+            out["old_log_probs"] = dict(zip(local, old))
         ref = None
         if self.ref_model is not None:
             ref = self._forward_no_grad(self.ref_model, train_data, micro_batches)
@@ -322,10 +333,11 @@ class TorchTrainer:
                 loss, metrics = self.loss_fn(cfg, log_probs=log_probs, loss_masks=mb_masks, normalizer=normalizer)
             else:
                 pick = lambda key: [per_sample[key][i] for i in mb] if key in per_sample else None  # noqa: E731
+                old = pick("old_log_probs")
                 loss, metrics = self.loss_fn(
                     cfg,
                     log_probs=log_probs,
-                    old_log_probs=pick("old_log_probs"),
+                    old_log_probs=old if old is not None else [lp.detach() for lp in log_probs],
                     advantages=pick("advantages"),
                     loss_masks=mb_masks,
                     ref_log_probs=pick("ref_log_probs"),
