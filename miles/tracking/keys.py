@@ -35,17 +35,23 @@ _PROM_BAD = re.compile(r"[^A-Za-z0-9_:]")
 _WANDB_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
 
-def mlflow_key(key: str) -> str:
-    """`key` rewritten to a name MLflow accepts (see the module docstring for the exact rule)."""
-    cleaned = _MLFLOW_BAD.sub("_", key)
+def _path_safe(name: str) -> str:
     segments = []
-    for seg in cleaned.split("/"):
+    for seg in name.split("/"):
         if seg == "":
             continue  # `a//b`, leading or trailing `/`: normpath would change the name
         if set(seg) == {"."} and len(seg) <= 2:
             seg = "_" * len(seg)  # `.` / `..` segments are path navigation for normpath
         segments.append(seg)
-    return "/".join(segments)[:MLFLOW_MAX_KEY_LENGTH] or "_"
+    return "/".join(segments)
+
+
+def mlflow_key(key: str) -> str:
+    """`key` rewritten to a name MLflow accepts (see the module docstring for the exact rule)."""
+    # Cutting can leave a trailing `/` or a `.` segment, so make the cut result path-safe again
+    # (that only drops or replaces characters, so it stays within the limit).
+    name = _path_safe(_path_safe(_MLFLOW_BAD.sub("_", key))[:MLFLOW_MAX_KEY_LENGTH])
+    return name or "_"
 
 
 def prometheus_name(key: str) -> str:

@@ -42,6 +42,7 @@ def plot_curves(metrics_jsonl: Path, out_png: Path, *, keys: Sequence[str] = DEF
     """Draw one panel per key pattern from `metrics_jsonl` into `out_png`; returns `out_png`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     records = read_metrics(metrics_jsonl)
     out_png = Path(out_png)
@@ -58,6 +59,7 @@ def plot_curves(metrics_jsonl: Path, out_png: Path, *, keys: Sequence[str] = DEF
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(pattern)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are rollout ids
         ax.grid(alpha=0.3)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
