@@ -3,7 +3,7 @@
 Baseline: `model.generate(do_sample=True, temperature=1)` on the same model, the same batch of random
 prompts and the same number of new tokens, measured in the same run. Neither side may stop early (the
 models have no eos), so both produce exactly batch x new_tokens tokens. Reported: median of `--repeats`
-timed runs after one warm-up, tokens/s for each, and ours / generate (> 1 means we are faster).
+timed runs (ours and generate alternating) after one warm-up, tokens/s for each, and ours / generate (> 1 means we are faster).
 
 Models (random init, created in a temp dir, nothing downloaded):
 - tiny: the embedded default (hidden 64, 2 layers, ~124k params, vocab 19);
@@ -31,14 +31,14 @@ from miles.prepare.tiny_model import create_tiny_qwen3
 from miles.rollout.engine.base import GenerateRequest, SamplingParams
 from miles.rollout.engine.builtin import BuiltinEngine
 
-# (model, batch, prompt_len, new_tokens, what it stands for)
+# (model, distinct prompts, samples per prompt, prompt_len, new_tokens, what it stands for)
 CASES = [
-    ("tiny", 256, 4, 4, "rollout shape: 32 prompts x 8 samples, ~4 new tokens"),
-    ("tiny", 512, 4, 8, "64 prompts x 8 samples, 8 new tokens"),
-    ("tiny", 32, 16, 64, "stack-facts shape, batch 32"),
-    ("tiny", 256, 16, 64, "stack-facts shape, batch 256"),
-    ("15M", 32, 16, 64, "stack-facts shape, batch 32"),
-    ("15M", 256, 16, 32, "batch 256"),
+    ("tiny", 32, 8, 4, 4, "rollout: 32 prompts x 8 samples, ~4 new tokens"),
+    ("tiny", 64, 8, 4, 8, "rollout: 64 prompts x 8 samples, 8 new tokens"),
+    ("tiny", 32, 1, 16, 64, "stack-facts shape, batch 32"),
+    ("tiny", 256, 1, 16, 64, "stack-facts shape, batch 256"),
+    ("15M", 32, 1, 16, 64, "stack-facts shape, batch 32"),
+    ("15M", 32, 8, 16, 16, "rollout: 32 prompts x 8 samples"),
 ]
 
 
@@ -93,23 +93,34 @@ def make_15m(root: Path) -> Path:
     return out
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def _interleaved_medians(a, b, repeats: int) -> tuple[float, float]:
+    """Median seconds of `a()` and of `b()`, run alternately (a, b, a, b, ...) after one warm-up each.
+
+    Alternating puts both under the same background load, which on a shared CPU moves more than
+    either number.
+    """
+    a()
+    b()
+    ta, tb = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, times in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
 
 
-def run_case(hf_dir: Path, batch: int, prompt_len: int, new: int, repeats: int) -> tuple[float, float]:
+def run_case(
+    hf_dir: Path, distinct: int, per_prompt: int, prompt_len: int, new: int, repeats: int
+) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
+    batch = distinct * per_prompt
     engine = BuiltinEngine(hf_dir, max_batch_size=batch, seed=0)
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(4, vocab, (batch, prompt_len), generator=g)
+    # Each prompt repeated per_prompt times in a row, as a rollout sends them.
+    prompts = torch.randint(4, vocab, (distinct, prompt_len), generator=g).repeat_interleave(per_prompt, 0)
     reqs = [
         GenerateRequest(p.tolist(), SamplingParams(temperature=1.0, max_new_tokens=new), return_logprob=True)
         for p in prompts
@@ -131,32 +142,34 @@ def run_case(hf_dir: Path, batch: int, prompt_len: int, new: int, repeats: int) 
         assert out.shape == (batch, prompt_len + new)
 
     tokens = batch * new
-    return tokens / _median_time(ours, repeats), tokens / _median_time(hf, repeats)
+    t_ours, t_hf = _interleaved_medians(ours, hf, repeats)
+    return tokens / t_ours, tokens / t_hf
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadiest on a shared CPU)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["tiny", "15M"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
     table = Table(title=f"built-in engine vs HF generate (sampling, torch threads={args.threads})")
-    for col in ("model", "batch", "prompt", "new", "ours tok/s", "generate tok/s", "ours / generate", "case"):
-        table.add_column(col)
+    for col in ("model", "prompts x samples", "prompt len", "new", "ours tok/s", "generate tok/s", "ours / gen"):
+        table.add_column(col, no_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:
         dirs: dict[str, Path] = {}
-        for name, batch, plen, new, what in CASES:
+        for name, distinct, per_prompt, plen, new, what in CASES:
             if args.only and name != args.only:
                 continue
             if name not in dirs:
                 dirs[name] = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
-            with console.status(f"{name}: batch {batch}, prompt {plen}, {new} new tokens"):
-                ours, hf = run_case(dirs[name], batch, plen, new, args.repeats)
-            table.add_row(name, str(batch), str(plen), str(new), f"{ours:,.0f}", f"{hf:,.0f}", f"{ours / hf:.2f}x", what)
-            console.print(f"{name} b={batch} p={plen} n={new}: ours {ours:,.0f} tok/s, generate {hf:,.0f} tok/s, "
-                          f"ratio {ours / hf:.2f}x")
+            with console.status(f"{name}: {what}"):
+                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, args.repeats)
+            shape = f"{distinct} x {per_prompt}"
+            table.add_row(name, shape, str(plen), str(new), f"{ours:,.0f}", f"{hf:,.0f}", f"{ours / hf:.2f}x")
+            console.print(f"{name} {shape} p={plen} n={new} ({what}): ours {ours:,.0f} tok/s, "
+                          f"generate {hf:,.0f} tok/s, ratio {ours / hf:.2f}x")
     console.print(table)
 
 

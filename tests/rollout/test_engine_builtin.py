@@ -116,6 +116,23 @@ def test_batched_equals_one_by_one_greedy(hf_dir):
         assert b.output_token_logprobs == pytest.approx(s.output_token_logprobs, abs=1e-5)
 
 
+def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
+    eng = BuiltinEngine(hf_dir, seed=0)
+    prompts = ["3+4=", "12+3=", "9="]
+    greedy = eng.generate([_req(eng, p, temperature=0, max_new_tokens=8) for p in prompts for _ in range(4)])
+    for k, p in enumerate(prompts):
+        [solo] = eng.generate([_req(eng, p, temperature=0, max_new_tokens=8)])
+        for r in greedy[4 * k : 4 * k + 4]:
+            assert r.output_ids == solo.output_ids
+            assert r.output_token_logprobs == pytest.approx(solo.output_token_logprobs, abs=1e-5)
+    # Sampled copies of one prompt (seeds 0..7) are independent draws, each equal to its solo run.
+    copies = eng.generate([_req(eng, "3+4=", max_new_tokens=8, seed=s) for s in range(8)])
+    assert len({tuple(r.output_ids) for r in copies}) > 1
+    for s in (0, 5):
+        [solo] = eng.generate([_req(eng, "3+4=", max_new_tokens=8, seed=s)])
+        assert copies[s].output_ids == solo.output_ids
+
+
 def test_finish_reasons_stop_token_stop_string_length_and_eos(engine):
     free = engine.generate([_req(engine, p, temperature=0, max_new_tokens=8) for p in PROMPTS[:20]])
     # eos (the default stop id): kept in output_ids, dropped from text by skip_special_tokens.

@@ -2,7 +2,7 @@
 
 `BuiltinEngine` implements `RolloutEngine` (see `base.py`) without any server, so the embedded
 default (and every test) runs the real rollout control flow on a CPU. It is not a throughput engine
-like SGLang: no continuous batching, no paged KV cache, no prefix reuse, no CUDA graphs.
+like SGLang: no continuous batching, no paged KV cache, no prefix cache across calls, no CUDA graphs.
 
 How one `generate(requests)` call runs:
 
@@ -10,8 +10,9 @@ How one `generate(requests)` call runs:
 2. A batch is left-padded, with an attention mask and position ids counted from each prompt's
    first real token (so a padded prompt sees the same positions as when it runs alone). When every
    prompt in the batch has the same length the mask is omitted (faster, same result).
-3. Prefill runs the model once over the prompts into a `DynamicCache`; each decode step feeds one new
-   token per row and reuses the cache (the loop is ours, not `model.generate`).
+3. Prefill runs the model once over the distinct prompts into a `DynamicCache` (the
+   `n_samples_per_prompt` copies of a prompt share one prefill; their cache rows are copied), then
+   each decode step feeds one new token per row and reuses the cache (our loop, not `model.generate`).
 4. Sampling per row: greedy when temperature == 0, else temperature, top-k (-1 = off), top-p, drawn
    with the "exponential race" `argmax(p / E)`, E ~ Exp(1) i.i.d., which picks token i with
    probability p_i. Rows with a `seed` draw E from their own `torch.Generator`, so a seeded request
@@ -53,6 +54,7 @@ from miles.rollout.engine.base import (
     GenerateRequest,
     GenerateResponse,
     RolloutEngine,
+    SamplingParams,
     weights_checksum,
 )
 
@@ -67,11 +69,12 @@ _STOP_TAIL_SLACK = 4
 class _Row:
     """Per-request decoding state (one row of the batch)."""
 
-    __slots__ = ("req", "out", "logprobs", "finish", "matched", "stop_ids", "generator")
+    __slots__ = ("req", "out", "out_len", "logprobs", "finish", "matched", "stop_ids", "generator")
 
     def __init__(self, req: GenerateRequest, eos_ids: frozenset[int], device: torch.device):
         self.req = req
         self.out: list[int] = []
+        self.out_len = 0
         self.logprobs: list[float] = []
         self.finish: FinishType | None = None
         self.matched: int | str | None = None
@@ -195,19 +198,29 @@ class BuiltinEngine(RolloutEngine):
             self._decode(active)
         return self._responses(rows, version)
 
-    def _decode(self, active: list[_Row]) -> None:
+    def _decode(self, rows: list[_Row]) -> None:
+        """Prefill then decode `rows` until each finishes; fills row.out / row.logprobs / row.finish.
+
+        Bookkeeping is vectorised: every live row is at the same step, so step k's tokens go to
+        column k of one [rows, max_new] buffer, and only rows that may finish (a stop id of any row,
+        their length limit, or a stop string to look for) are examined in Python.
+        """
         from transformers import DynamicCache
 
         dev = self.device
-        lens = [len(row.req.input_ids) for row in active]
+        n = len(rows)
+        # A rollout sends each prompt n_samples_per_prompt times: prefill each distinct prompt once
+        # and copy its KV cache to the rows that share it.
+        distinct: dict[tuple[int, ...], int] = {}
+        share = [distinct.setdefault(tuple(row.req.input_ids), len(distinct)) for row in rows]
+        prompts = [list(p) for p in distinct]
+        lens = [len(p) for p in prompts]
         width = max(lens)
-        padded = any(n != width for n in lens)
+        padded = any(k != width for k in lens)
         # One tensor from padded lists: a torch.tensor per row costs more than the model at batch 256.
         pad = self.pad_token_id
-        input_ids = torch.tensor(
-            [[pad] * (width - n) + row.req.input_ids for n, row in zip(lens, active)], dtype=torch.long
-        ).to(dev)
-        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lens], dtype=torch.long).to(dev)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long).to(dev)
+        mask = torch.tensor([[0] * (width - k) + [1] * k for k in lens], dtype=torch.long).to(dev)
         # Positions count real tokens only, so a left-padded prompt sees the positions it would alone.
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -219,35 +232,55 @@ class BuiltinEngine(RolloutEngine):
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
+        if len(prompts) < n:
+            idx = torch.tensor(share, dtype=torch.long, device=dev)
+            cache.batch_select_indices(idx)
+            logits, mask, positions = logits[idx], mask[idx], positions[idx]
         next_pos = positions[:, -1:] + 1
-        params = BatchParams.build(active, dev)
+        params = BatchParams.build(rows, dev)
 
+        limits = [row.req.sampling_params.max_new_tokens for row in rows]
+        tok_buf = torch.zeros((n, max(limits)), dtype=torch.long)
+        lp_buf = torch.zeros((n, max(limits)), dtype=torch.float32)
+        stop_union = torch.tensor(sorted(set().union(*(row.stop_ids for row in rows))), dtype=torch.long)
+        # Batch position -> index into `rows`; changes only when finished rows are dropped.
+        orig = list(range(n))
+        orig_t = torch.arange(n)
+        limits_t = torch.tensor(limits)
+        live = torch.ones(n, dtype=torch.bool)
+        with_strings = [j for j, row in enumerate(rows) if row.req.sampling_params.stop]
+        n_live = n
+        step = 0
         while True:
             tokens, logprobs = sample_next(logits, params, self._generator, self.return_original_logprob)
-            tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
-            keep: list[int] = []
-            for j, row in enumerate(active):
-                if row.finish is not None:  # finished earlier, still in the batch until compaction
-                    continue
-                tok = tokens_l[j]
-                row.out.append(tok)
-                row.logprobs.append(logprobs_l[j])
-                self._check_finished(row, tok)
-                if row.finish is None:
-                    keep.append(j)
-            if not keep:
-                return
+            tokens_cpu = tokens.cpu()
+            tok_buf[orig_t, step] = tokens_cpu
+            lp_buf[orig_t, step] = logprobs.float().cpu()
+            maybe = (torch.isin(tokens_cpu, stop_union) | (limits_t[orig_t] <= step + 1)) & live
+            candidates = set(maybe.nonzero().flatten().tolist()) | {j for j in with_strings if live[j]}
+            for j in sorted(candidates):
+                row = rows[orig[j]]
+                if self._finished(row, tok_buf[orig[j]], step + 1):
+                    live[j] = False
+                    n_live -= 1
+            if n_live == 0:
+                break
             if self._paused:
-                for j in keep:
-                    active[j].finish = "abort"
-                return
-            n_done = len(active) - len(keep)
-            if n_done and n_done >= _COMPACT_FRACTION * len(active):
-                idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                for j in live.nonzero().flatten().tolist():
+                    rows[orig[j]].finish, rows[orig[j]].out_len = "abort", step + 1
+                break
+            n_dead = len(orig) - n_live
+            if n_dead and n_dead >= _COMPACT_FRACTION * len(orig):
+                keep = live.nonzero().flatten()
+                idx = keep.to(dev)
                 cache.batch_select_indices(idx)
-                active = [active[j] for j in keep]
                 tokens, mask, next_pos = tokens[idx], mask[idx], next_pos[idx]
                 params = params.select(idx)
+                keep_l = keep.tolist()
+                orig = [orig[j] for j in keep_l]
+                orig_t = orig_t[keep]
+                live = torch.ones(len(orig), dtype=torch.bool)
+                with_strings = [j for j, o in enumerate(orig) if rows[o].req.sampling_params.stop]
             if padded:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             logits = self.model(
@@ -258,21 +291,32 @@ class BuiltinEngine(RolloutEngine):
                 use_cache=True,
             ).logits[:, -1]
             next_pos = next_pos + 1
+            step += 1
 
-    def _check_finished(self, row: _Row, tok: int) -> None:
+        toks, lps = tok_buf.tolist(), lp_buf.tolist()
+        for i, row in enumerate(rows):
+            row.out, row.logprobs = toks[i][: row.out_len], lps[i][: row.out_len]
+
+    def _finished(self, row: _Row, tokens: torch.Tensor, length: int) -> bool:
+        """Decide whether `row` (with `tokens[:length]` generated) is done; record why."""
         sp = row.req.sampling_params
+        tok = int(tokens[length - 1])
         if tok in row.stop_ids:
             row.finish, row.matched = "stop", tok
-            return
-        if sp.stop:
-            longest = max(len(s) for s in sp.stop)
-            [tail] = self._decode_batch([row.out[-(longest + _STOP_TAIL_SLACK) :]], sp.skip_special_tokens)
-            for s in sp.stop:
-                if s in tail:
-                    row.finish, row.matched = "stop", s
-                    return
-        if len(row.out) >= sp.max_new_tokens:
+        elif sp.stop and (match := self._stop_string(sp, tokens[:length].tolist())) is not None:
+            row.finish, row.matched = "stop", match
+        elif length >= sp.max_new_tokens:
             row.finish = "length"
+        else:
+            return False
+        row.out_len = length
+        return True
+
+    def _stop_string(self, sp: SamplingParams, out: list[int]) -> str | None:
+        """The first of `sp.stop` found in the decoded tail of `out` (only new matches can end there)."""
+        longest = max(len(s) for s in sp.stop)
+        [tail] = self._decode_batch([out[-(longest + _STOP_TAIL_SLACK) :]], sp.skip_special_tokens)
+        return next((s for s in sp.stop if s in tail), None)
 
     def _decode_batch(self, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
         """`tokenizer.batch_decode`, calling the Rust tokenizer directly when there is one.
