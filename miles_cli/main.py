@@ -20,6 +20,7 @@ from miles.errors import UserError
 from miles_cli.convert import SUMMARY as CONVERT_SUMMARY
 from miles_cli.convert import build_convert_command
 from miles_cli.docker_build import docker_build
+from miles_cli.docs_cmd import docs_app
 from miles_cli.run_commands import SUMMARIES, build_run_command
 from recipes import DEFAULT_RECIPE, get_recipe
 from recipes.base import ENV_PREFIX
@@ -64,6 +65,7 @@ def build_app(argv: list[str]) -> typer.Typer:
         help="Build (or --dry-run print) the Docker image of one hardware variant.",
         short_help="Build the Docker image of one hardware variant (cu13, cu12-x86, rocm700-mi35x, ...).",
     )(docker_build)
+    app.add_typer(docs_app, name="docs")
     return app
 
 

@@ -1,0 +1,307 @@
+"""`miles docs generate` and `miles docs check`: the generated reference pages and the prose checks.
+
+    miles docs generate          # rewrite docs/reference/*.md and every generated block in docs/*.md
+    miles docs check             # check every page; exit 1 listing file:line: problem
+    miles docs check --docs-dir my-docs
+
+This module is the CLI side of `miles.docs`: it turns the real Typer app into the plain
+`miles.docs.model.CliModel` (walking the Click commands that `--help` renders, once per recipe), and
+runs commands in-process for the code-block checks. Generators and checkers live in `miles/docs/`.
+Importing it is light (typer only); the work is imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Literal, Optional
+
+import typer
+
+SUMMARY = "Generate the reference pages (generate) or check every page against the code (check)."
+# Commands whose real run starts work (training, a build): the docs checks append --dry-run to them.
+STARTS_WORK = {"full-train", "train", "eval", "docker-build"}
+_TRAILING = re.compile(r"\s*\[(default|derived): (.*)\]$")
+
+
+def repo_root() -> Path:
+    """The checkout this miles was installed from (docs are not part of a wheel)."""
+    return Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _click_group(argv: list[str]):
+    from miles_cli.main import build_app
+
+    return typer.main.get_command(build_app(argv))
+
+
+def _help_items(param: Any, ctx: Any) -> list[str]:
+    # The exact pieces `--help` renders for a parameter (help, [env var], [default], [required]);
+    # typer keeps this helper private, and the test against rendered --help output pins its behaviour.
+    from typer import rich_utils
+
+    columns = rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode="rich")
+    return [getattr(r, "plain", str(r)) for r in columns.renderables]
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType")):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else annotation
+    if typing.get_origin(annotation) is Literal:
+        return tuple(str(c) for c in typing.get_args(annotation))
+    return ()
+
+
+def flag_doc(param: Any, ctx: Any):
+    from miles.docs.model import FlagDoc
+
+    items = _help_items(param, ctx)
+    text = items[0] if items and not items[0].startswith("[") else ""
+    default = derived = env = unsupported = None
+    for item in items:
+        m = re.fullmatch(r"\[default: (.*)\]", item)
+        if m:
+            default = m.group(1)
+        m = re.fullmatch(r"\[env var: (.*)\]", item)
+        if m:
+            env = m.group(1)
+    m = _TRAILING.search(text)
+    if m:
+        text = text[: m.start()]
+        if m.group(1) == "default":
+            default = m.group(2)
+        else:
+            derived = m.group(2)
+    if "Not available in this build: " in text:
+        text, _, reason = text.partition(" Not available in this build: ")
+        unsupported = reason.rstrip(".")
+    m = re.search(r" Env: ([A-Z][A-Z0-9_]*)\.$", text)
+    if m:
+        text, env = text[: m.start()], env or m.group(1)
+    try:
+        shown_type = param.display_type(ctx)
+    except TypeError:
+        shown_type = param.display_type()
+    shown_type = param.metavar or shown_type.strip("<>")
+    if param.is_flag:
+        shown_type = "bool"
+    return FlagDoc(
+        flags=tuple(param.opts) + tuple(param.secondary_opts),
+        name=param.name,
+        panel=param.rich_help_panel or "Options",
+        type=shown_type,
+        choices=_choices(param.type_descriptor.annotation),
+        default=default,
+        default_value=param.default,
+        required=bool(param.required),
+        derived=derived,
+        env=env,
+        unsupported=unsupported,
+        help=text.strip(),
+        repeatable=bool(param.multiple),
+    )
+
+
+def _commands(group: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for name, cmd in group.commands.items():
+        full = f"{prefix}{name}"
+        if hasattr(cmd, "commands"):
+            out.extend(_commands(cmd, full + " "))
+        else:
+            out.append((full, cmd))
+    return out
+
+
+def command_docs(group: Any) -> dict[str, Any]:
+    from miles.docs.model import CommandDoc
+
+    docs = {}
+    for name, cmd in _commands(group):
+        ctx = typer._click.Context(cmd, info_name=name)
+        flags = tuple(flag_doc(p, ctx) for p in cmd.params if p.name != "help")
+        docs[name] = CommandDoc(
+            name=name,
+            summary=(cmd.short_help or cmd.help or "").strip(),
+            flags=flags,
+            has_dry_run=any("--dry-run" in f.flags for f in flags),
+            starts_work=name in STARTS_WORK,
+        )
+    return docs
+
+
+def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `miles argv` in-process (as the shell would, with `env` added); (exit code, output)."""
+    from typer.testing import CliRunner
+
+    from miles.errors import UserError
+    from miles_cli.main import build_app
+
+    saved_argv = sys.argv
+    # The run commands read sys.argv to tell `--` passthrough from stray arguments: make it the real one.
+    sys.argv = ["miles", *argv]
+    try:
+        with _environ({"COLUMNS": "200", "NO_COLOR": "1", **env}):
+            try:
+                app = build_app(argv)
+            except UserError as e:
+                return 2, f"Error: {e}"
+            result = CliRunner().invoke(app, argv, catch_exceptions=True)
+    finally:
+        sys.argv = saved_argv
+    output = result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        output += f"\n{type(result.exception).__name__}: {result.exception}"
+    return result.exit_code, output
+
+
+def parse_only(argv: list[str], env: dict[str, str]) -> str | None:
+    """Parse `miles argv` without running it; the parser's error message, or None when it parses."""
+    from typer._click.exceptions import ClickException
+
+    from miles.errors import UserError
+
+    with _environ(env):
+        try:
+            cmd = _click_group(argv)
+        except UserError as e:
+            return str(e)
+        rest, name = list(argv), "miles"
+        while hasattr(cmd, "commands"):  # walk down to the (sub)command
+            if not rest or rest[0] == "--help":
+                return None
+            name = rest.pop(0)
+            if name not in cmd.commands:
+                return f"No such command {name!r}."
+            cmd = cmd.commands[name]
+        if "--help" in rest:
+            return None
+        try:
+            with cmd.make_context(name, rest):
+                pass
+        except typer.Exit:
+            return None
+        except ClickException as e:
+            return e.format_message()
+    return None
+
+
+def cli_model():
+    """The CLI as plain data: commands under the default recipe, flags under every recipe, recipes."""
+    import dataclasses
+
+    from miles.config.engine import GROUPS, option_specs
+    from miles.config.values import format_value
+    from miles.docs.model import CliModel, RecipeDoc
+    from miles_cli.main import APP_HELP
+    from miles_cli.run_commands import engine_defaults, recipe_defaults
+    from recipes import DEFAULT_RECIPE, RECIPES
+    from recipes.base import ENV_PREFIX, RecipeOptions
+
+    commands = command_docs(_click_group(["--model-name", DEFAULT_RECIPE]))
+    recipe_flags = {}
+    recipes = {}
+    base = RecipeOptions()
+    base_fields = {f.name for f in dataclasses.fields(RecipeOptions)}
+    for name, module in RECIPES.items():
+        train = command_docs(_click_group(["--model-name", name]))["train"]
+        recipe_flags[name] = {f: fd for fd in train.flags for f in fd.flags}
+        options = module.Options()
+        shown = {fd.flag: (fd.default if fd.default is not None else f"derived: {fd.derived}") for fd in train.flags if fd.panel == "Recipe"}
+        changed, extra = {}, []
+        for f in dataclasses.fields(options):
+            flag = "--" + f.name.replace("_", "-")
+            if f.name not in base_fields:
+                extra.append(flag)
+            elif f.name != "model_name" and getattr(options, f.name) != getattr(base, f.name):
+                changed[flag] = (format_value(getattr(base, f.name)), format_value(getattr(options, f.name)))
+        plan = module.plan(recipe_defaults(module))
+        declared = {s.name: s for s in option_specs()}
+        engine = {}
+        for field_name, value in engine_defaults(module, plan).items():
+            s = declared[field_name]
+            if field_name in plan.engine and value != s.default:
+                engine[s.flag] = (format_value(s.default), format_value(value))
+        recipes[name] = RecipeDoc(
+            name=name,
+            summary=module.SUMMARY,
+            module=module.__name__,
+            options=shown,
+            changed_options=changed,
+            extra_options=tuple(extra),
+            engine_defaults=engine,
+            env=dict(plan.env),
+        )
+    groups = []
+    for attr, cls, panel in GROUPS:
+        flags = [s.flag for s in option_specs() if s.group == attr]
+        groups.append((panel, f"{cls.__module__}.{cls.__name__}", flags))
+    return CliModel(
+        program="miles",
+        summary=APP_HELP,
+        commands=commands,
+        recipes=recipes,
+        default_recipe=DEFAULT_RECIPE,
+        recipe_flags=recipe_flags,
+        env_prefix=ENV_PREFIX,
+        groups=groups,
+        invoke=invoke,
+        parse=parse_only,
+    )
+
+
+docs_app = typer.Typer(name="docs", help=SUMMARY, short_help=SUMMARY, no_args_is_help=True, add_completion=False)
+
+
+@docs_app.command("generate", help="Rewrite docs/reference/*.md and the generated blocks of every page from the code.")
+def generate_command(
+    root: Annotated[Optional[Path], typer.Option(help="Repository root (default: this checkout).")] = None,
+) -> None:
+    from miles.docs.generate import write_all
+
+    root = root or repo_root()
+    changed = write_all(root, cli_model())
+    for path in changed:
+        typer.echo(f"updated {path}")
+    typer.echo(f"{len(changed)} file(s) updated" if changed else "all generated docs are up to date")
+
+
+@docs_app.command("check", help="Check every page against the code; prints file:line: problem and exits 1 on any.")
+def check_command(
+    root: Annotated[Optional[Path], typer.Option(help="Repository root (default: this checkout).")] = None,
+    docs_dir: Annotated[Optional[Path], typer.Option(help="Pages to check (default: <root>/docs).")] = None,
+) -> None:
+    from rich.console import Console
+
+    from miles.docs.check import check_all
+
+    root = root or repo_root()
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    problems, notes = check_all(root, cli_model(), docs_dir=docs_dir, progress=console)
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    for p in problems:
+        typer.echo(str(p))
+    if problems:
+        console.print(f"{len(problems)} problem(s) found", style="bold red")
+        raise typer.Exit(1)
+    console.print("docs check passed", style="green")
