@@ -1,0 +1,46 @@
+"""Console helpers: the exact summary line, and the progress bar's columns."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.progress import BarColumn, SpinnerColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from miles.tracking.console import format_step_summary, print_step_summary, progress
+
+
+def test_full_summary_line() -> None:
+    metrics = {
+        "rollout/raw_reward": 0.4125,
+        "rollout/reward_std": 0.12,
+        "eval/math/accuracy": 0.25,
+        "eval/arith/accuracy": 0.55,
+        "eval/arith/reward": 0.9,  # not an accuracy: not shown
+        "rollout/response_len_mean": 12.34,
+        "perf/rollout_tokens_per_s": 1234.0,
+        "perf/train_tokens_per_s": 2_500_000.0,
+        "perf/step_time": 3.414,
+        "train/loss": 1.0,
+    }
+    assert format_step_summary(3, metrics, num_steps=10) == (
+        "step 3/10 · reward 0.412 ± 0.120 · eval arith 0.550 · eval math 0.250 · len 12.3"
+        " · gen 1.2k tok/s · train 2.5M tok/s · 3.41 s"
+    )
+
+
+def test_absent_metrics_are_left_out() -> None:
+    assert format_step_summary(0, {"eval/arith/accuracy": 1.0}) == "step 0 · eval arith 1.000"
+    assert format_step_summary(5, {"perf/rollout_tokens_per_s": 999.0}) == "step 5 · gen 999 tok/s"
+
+
+def test_print_goes_to_the_given_console_verbatim() -> None:
+    out = io.StringIO()
+    print_step_summary(1, {"rollout/raw_reward": 0.5}, console=Console(file=out, width=200, color_system=None))
+    assert out.getvalue() == "step 1 · reward 0.500\n"
+
+
+def test_progress_columns() -> None:
+    kinds = [type(c) for c in progress(console=Console(file=io.StringIO())).columns]
+    for column in (SpinnerColumn, BarColumn, TimeElapsedColumn, TimeRemainingColumn):
+        assert column in kinds
