@@ -18,6 +18,9 @@ What is checked, per page under docs/ (fenced code = ```bash/sh/shell/console or
   (skipped with a note while `miles/tracking/metric_names.py` does not exist);
 - internal links resolve, to a file inside the docs directory and, with `#anchor`, to a heading;
 - generated files and blocks are up to date (`miles docs generate`).
+
+Code spans between `<!-- docs-check: off -->` and `<!-- docs-check: on -->` are not checked (for
+examples that are not claims, such as made-up metric keys); links there still are.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def normalize(value: Any, flag: str = "") -> Any:
         return float(value)
     if isinstance(value, (list, tuple)):
         return " ".join(str(v) for v in value) if value else None
-    text = str(value).strip().strip("`").strip("'\"").strip()
+    text = str(value).strip().strip("`").strip("'\"").strip().rstrip(":;,.")
     low = text.lower()
     if flag and low == flag.lstrip("-"):
         return True
@@ -119,6 +122,9 @@ def _flags_in(tokens: list[str]) -> list[tuple[str, str | None]]:
     """(flag, value written after it) for every --flag token; `--x/--no-x` gives both."""
     out = []
     for i, tok in enumerate(tokens):
+        if re.search(r"\s", tok):  # a quoted value such as --extra-args "--lr 1e-5": check its flags too
+            out.extend(_flags_in(_split(tok)))
+            continue
         if not tok.startswith("--") or tok == "--":
             continue
         value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("-") else None
@@ -205,8 +211,10 @@ class Checker:
         for block in parsed.blocks:
             if block.lang in SHELL_LANGS:
                 self.check_block(page, block)
+        off = _unchecked_lines(parsed)
         for span in parsed.spans():
-            self.check_span(page, span)
+            if span.line not in off:
+                self.check_span(page, span)
         for line, target in parsed.links():
             self.check_link(page, line, target)
 
@@ -305,6 +313,10 @@ class Checker:
             if fds:
                 stated = normalize(m.group(1), flag)
                 real = real_defaults(fds, self.model, flag)
+                # What an unset option means, as its help says ("unset = miles"), is a true default too.
+                real += [normalize(u.strip(), flag) for fd in fds for u in re.findall(r"unset\s*[=:]\s*([^;,.]+)", fd.help)]
+                if isinstance(stated, str) and not m.group(1).startswith("`") and None in real:
+                    return  # a description of what the unset default means ("default: the run id")
                 derived = [fd.derived for fd in fds if fd.derived]
                 if derived and fds[0].default is None:
                     if not isinstance(stated, str):
@@ -377,6 +389,19 @@ class Checker:
             return
         if anchor and dest.suffix == ".md" and anchor not in self.anchors_of(dest):
             self.report(page, line, f"link {target}: no heading or anchor #{anchor} in {dest.name}")
+
+
+def _unchecked_lines(page: markdown.Page) -> set[int]:
+    """Lines between `<!-- docs-check: off -->` and `<!-- docs-check: on -->` (examples, not claims)."""
+    off, skipping = set(), False
+    for n, line in page.prose:
+        if "<!-- docs-check: off -->" in line:
+            skipping = True
+        elif "<!-- docs-check: on -->" in line:
+            skipping = False
+        elif skipping:
+            off.add(n)
+    return off
 
 
 def _with_dry_run(argv: list[str]) -> list[str]:
