@@ -30,12 +30,14 @@ class Options(RecipeOptions):
     train_deterministic: bool = option(
         True, help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights."
     )
-    sft_steps: int = option(60, help="Optimizer steps of the SFT warm start before RL.")
+    sft_steps: int = option(100, help="Optimizer steps of the SFT warm start before RL.")
 
 
 def plan(o: Options) -> RecipePlan:
     base_model = f"{o.model_dir}/tiny-qwen3-base"
-    sft_model = f"{o.model_dir}/tiny-qwen3-sft"
+    steps = 2 if o.mode == "debug_minimal" else o.sft_steps
+    # The step count is in the name: a different --sft-steps is a different model, never a stale reuse.
+    sft_model = f"{o.model_dir}/tiny-qwen3-sft{steps}"
     task = f"{o.data_dir}/arith"
     debug = o.mode == "debug_minimal"
     run = o.run_dir
@@ -45,7 +47,7 @@ def plan(o: Options) -> RecipePlan:
         "input_key": "input",
         "label_key": "label",
         "rm_type": "exact_match",
-        "num_rollout": 3 if debug else 60,
+        "num_rollout": 3 if debug else 300,
         "rollout_batch_size": 16,
         "n_samples_per_prompt": 8,
         "global_batch_size": 128,
@@ -55,13 +57,13 @@ def plan(o: Options) -> RecipePlan:
         "rollout_temperature": 1.0,
         "rollout_shuffle": True,
         "eval_prompt_data": ["arith", f"{task}/eval.jsonl"],
-        "eval_interval": 2 if debug else 10,
+        "eval_interval": 2 if debug else 25,
         "eval_temperature": 0.0,
         "lr": 3e-4,
         "clip_grad": 1.0,
         "save": f"{run}/checkpoints",
         "load": f"{run}/checkpoints",
-        "save_interval": 2 if debug else 10,
+        "save_interval": 2 if debug else 25,
         "use_mlflow": True,
         "actor_num_nodes": o.num_nodes,
         "actor_num_gpus_per_node": o.num_gpus_per_node,
@@ -85,7 +87,7 @@ def plan(o: Options) -> RecipePlan:
             "miles.prepare.arith_task:create_arith_task",
             {"out_dir": task, "seed": 0},
             f"{task}/.miles-complete",
-            "single-digit addition prompts, train and held-out eval splits",
+            "single-digit addition prompts: 80 train problems, 20 held out for eval",
         ),
         PrepareStep(
             "sft-warm-start",
@@ -94,7 +96,7 @@ def plan(o: Options) -> RecipePlan:
                 "base_model": base_model,
                 "data": f"{task}/train.jsonl",
                 "out_dir": sft_model,
-                "steps": 2 if debug else o.sft_steps,
+                "steps": steps,
                 "seed": 0,
             },
             f"{sft_model}/.miles-complete",
@@ -105,9 +107,9 @@ def plan(o: Options) -> RecipePlan:
         prepare.append(
             PrepareStep(
                 "convert",
-                "miles.ckpt.convert:convert_for_full_train",
-                {"hf_checkpoint": sft_model, "save": f"{o.model_dir}/tiny-qwen3-sft_torch_dist"},
-                f"{o.model_dir}/tiny-qwen3-sft_torch_dist/latest_checkpointed_iteration.txt",
+                "miles.ckpt.convert:prepare_torch_dist",
+                {"hf_checkpoint": sft_model, "save": f"{sft_model}_torch_dist"},
+                f"{sft_model}_torch_dist/latest_checkpointed_iteration.txt",
                 "Hugging Face → torch_dist for the megatron trainer",
             )
         )
