@@ -25,13 +25,23 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 
 
+def _parse(line: str | bytes, path: Path, lineno: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+        int(record["step"])
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f"{path}:{lineno}: not a metrics record (a JSON object with a step): {line[:80]!r}") from None
+    return record
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete record of a metrics JSONL file, in file order."""
+    """Every complete record of a metrics JSONL file, in file order (a torn last line is skipped)."""
+    path = Path(path)
     records = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
             if line.endswith("\n") and line.strip():
-                records.append(json.loads(line))
+                records.append(_parse(line, path, lineno))
     return records
 
 
@@ -44,10 +54,11 @@ def _prepare(path: Path, resume_step: int | None) -> None:
     torn = lines.pop()  # b"" when the file ends with a newline
     if torn:
         log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write", path, len(torn))
-    kept = [line for line in lines if line.strip()]
+    records = [(line, i) for i, line in enumerate(lines, 1) if line.strip()]
     if resume_step is not None:
-        kept = [line for line in kept if json.loads(line)["step"] < resume_step]
-    if not torn and len(kept) == len([line for line in lines if line.strip()]):
+        records = [(line, i) for line, i in records if _parse(line, path, i)["step"] < resume_step]
+    kept = [line for line, _ in records]
+    if not torn and len(kept) == sum(1 for line in lines if line.strip()):
         return  # nothing to change: keep the file (and its inode) as it is
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:

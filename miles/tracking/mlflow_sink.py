@@ -9,7 +9,7 @@
   its MLflow run; a recorded id the store does not know starts a new run, with a warning); else a
   new run named `--mlflow-run-name` (default: the miles run id) in experiment
   `--mlflow-experiment-name`. A reopened run is set back to RUNNING.
-- Params: flattened (`rollout.rollout_batch_size`), stringified, cut to 6000 characters, logged once;
+- Params: flattened (`data.rollout_batch_size`), stringified, cut to 6000 characters, logged once;
   on resume, params already in the run are skipped, and a value that changed is recorded as the tag
   `changed_param/<key>` (MLflow refuses to overwrite a param).
 - Metrics: keys mapped by `miles.tracking.keys.mlflow_key`; two keys that map to the same name are

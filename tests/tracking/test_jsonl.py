@@ -99,3 +99,13 @@ def test_tensor_values_are_accepted(run_dir: Path) -> None:
     t.finish()
     rec = read_metrics(run_dir / "metrics.jsonl")[0]
     assert rec["train/loss"] == 0.25 and rec["rollout/n"] == 3.0
+
+
+def test_a_corrupt_record_is_reported_with_file_and_line(run_dir: Path) -> None:
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    path.write_text('{"step": 0, "time": 1.0}\nnot json\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
+        _tracker(run_dir, resume_step=1)
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
+        read_metrics(path)

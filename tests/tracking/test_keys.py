@@ -95,3 +95,14 @@ def test_flatten_params_cuts_long_values_to_mlflow_limit() -> None:
     assert len(flat["prompt"]) == MLFLOW_MAX_PARAM_VALUE_LENGTH
     assert flat["prompt"].endswith("...[cut, 10000 chars]")
     assert flat["short"] == "y" * MLFLOW_MAX_PARAM_VALUE_LENGTH
+
+
+def test_engine_config_flattens_to_group_dot_option_valid_mlflow_names() -> None:
+    from miles.config.engine import EngineConfig
+
+    cfg = EngineConfig()
+    flat = flatten_params(cfg)
+    assert flat["data.rollout_batch_size"] == str(cfg.data.rollout_batch_size)
+    assert flat["tracking.mlflow_experiment_name"] == "miles"
+    assert {k.split(".", 1)[1] for k in flat} == set(cfg.flat())  # every option, once
+    assert all(mlflow_key(k) == k for k in flat)  # no renaming needed for real option names

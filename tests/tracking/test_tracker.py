@@ -90,3 +90,28 @@ def test_bad_status_and_empty_log(run_dir: Path) -> None:
     with pytest.raises(ValueError, match="status must be one of"):
         t.finish("DONE")  # type: ignore[arg-type]
     t.finish()
+
+
+def test_all_sinks_at_once_get_the_same_numbers(mlflow_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    wandb_logged: list = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: types.SimpleNamespace(  # type: ignore[attr-defined]
+        log=lambda data, step: wandb_logged.append((data, step)), finish=lambda exit_code: None
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = TrackingConfig(use_mlflow=True, use_tensorboard=True, use_wandb=True, use_prometheus=True, prometheus_port=0)
+    with Tracker(cfg, run_dir=mlflow_run_dir, run_id="all", params={"seed": 1}, prometheus_host="127.0.0.1", strict=True) as t:
+        t.log({"rollout/raw_reward": 0.625}, step=4)
+        page = urllib.request.urlopen(f"http://127.0.0.1:{t.prometheus.port}/metrics", timeout=5).read().decode()
+    assert 'miles_metric_rollout_raw_reward{run_name="all"} 0.625' in page
+    assert wandb_logged == [({"rollout/raw_reward": 0.625}, 4)]
+    history = MlflowClient(t.mlflow.tracking_uri).get_metric_history(t.mlflow.run_id, "rollout/raw_reward")
+    assert [(m.step, m.value) for m in history] == [(4, 0.625)]
+    assert [(r["step"], r["rollout/raw_reward"]) for r in read_metrics(t.metrics_path)] == [(4, 0.625)]
+    assert list((mlflow_run_dir / "tensorboard").glob("events.out.tfevents.*"))
