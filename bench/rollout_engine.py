@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["tiny", "15M"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    console = Console()
+    console = Console(width=120)
     table = Table(title=f"built-in engine vs HF generate (sampling, torch threads={args.threads})")
     for col in ("model", "prompts x samples", "prompt len", "new", "ours tok/s", "generate tok/s", "ours / gen"):
         table.add_column(col, no_wrap=True)

@@ -94,6 +94,21 @@ def test_sampling_params_follow_sglang_names():
         SamplingParams(temperature=-1)
 
 
+def test_sampling_params_from_the_rollout_config():
+    from miles.config.rollout import RolloutConfig
+
+    cfg = RolloutConfig(
+        rollout_temperature=0.8, rollout_top_p=0.9, rollout_top_k=5, rollout_max_response_len=6,
+        rollout_stop=["\n"], rollout_stop_token_ids=[7], rollout_skip_special_tokens=True,
+    )
+    assert SamplingParams.from_rollout_config(cfg, seed=3) == SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=5, max_new_tokens=6, stop=["\n"], stop_token_ids=[7],
+        skip_special_tokens=True, seed=3,
+    )
+    # Upstream's default keeps special tokens in the text; SGLang's request default drops them.
+    assert SamplingParams.from_rollout_config(RolloutConfig()).skip_special_tokens is False
+
+
 def test_request_json_round_trip():
     req = GenerateRequest([1, 2, 3], {"max_new_tokens": 4, "temperature": 0}, return_logprob=True, rid="r1")
     assert isinstance(req.sampling_params, SamplingParams)

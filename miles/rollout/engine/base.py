@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 if TYPE_CHECKING:
     import torch
 
+    from miles.config.rollout import RolloutConfig
+
 FinishType = Literal["stop", "length", "abort"]
 
 
@@ -84,6 +86,20 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"sampling_params keys {unknown} are not supported; supported: {sorted(names)}")
         return cls(**d)
+
+    @classmethod
+    def from_rollout_config(cls, rollout: "RolloutConfig", *, seed: int | None = None) -> "SamplingParams":
+        """The training rollouts' sampling: `--rollout-temperature/-top-p/-top-k/-max-response-len/-stop...`."""
+        return cls(
+            temperature=rollout.rollout_temperature,
+            top_p=rollout.rollout_top_p,
+            top_k=rollout.rollout_top_k,
+            max_new_tokens=rollout.rollout_max_response_len,
+            stop=list(rollout.rollout_stop) if rollout.rollout_stop else None,
+            stop_token_ids=list(rollout.rollout_stop_token_ids) if rollout.rollout_stop_token_ids else None,
+            skip_special_tokens=rollout.rollout_skip_special_tokens,
+            seed=seed,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -34,7 +34,8 @@ Usage:
     resp.output_ids, resp.output_token_logprobs, resp.finish_reason
 
 Thread-safety: `generate` may be called from several threads (e.g. a Ray actor with concurrency);
-`pause_generation`, `begin_weight_update` and `health` may be called while a generation runs.
+the calls run one after another. `pause_generation`, `begin_weight_update` and `health` may be
+called while a generation runs.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class BuiltinEngine(RolloutEngine):
         self._paused = False
         self._updating = False
         self._in_flight = 0
+        self._model_lock = threading.Lock()
         self._stats = {"requests": 0, "generated_tokens": 0, "generate_seconds": 0.0}
 
     # ------------------------------------------------------------------ generation
@@ -157,13 +159,22 @@ class BuiltinEngine(RolloutEngine):
         self._enter_generation()
         start = time.perf_counter()
         try:
+            # One generation at a time: on a CPU a second one only competes for the same cores, and
+            # the shared generator must be consumed in call order for runs to be reproducible.
+            if not self._model_lock.acquire(timeout=self.wait_timeout_s):
+                raise TimeoutError(
+                    f"generate() waited {self.wait_timeout_s:.0f} s for another generate() call to finish"
+                )
             # Sorting by length keeps padding small; results are put back in request order.
             order = sorted(range(len(requests)), key=lambda i: len(requests[i].input_ids))
             results: list[GenerateResponse | None] = [None] * len(requests)
-            for lo in range(0, len(order), self.max_batch_size):
-                chunk = order[lo : lo + self.max_batch_size]
-                for i, resp in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
-                    results[i] = resp
+            try:
+                for lo in range(0, len(order), self.max_batch_size):
+                    chunk = order[lo : lo + self.max_batch_size]
+                    for i, resp in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
+                        results[i] = resp
+            finally:
+                self._model_lock.release()
         finally:
             with self._cond:
                 self._in_flight -= 1
