@@ -82,4 +82,5 @@ def print_step_summary(
     """Print `format_step_summary(...)` on `console` (default: rich's global console)."""
     from rich import get_console
 
-    (console or get_console()).print(format_step_summary(step, metrics, num_steps=num_steps), markup=False, highlight=False)
+    line = format_step_summary(step, metrics, num_steps=num_steps)
+    (console or get_console()).print(line, markup=False, highlight=False)

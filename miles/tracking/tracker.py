@@ -4,17 +4,17 @@ Sinks (docs/monitoring.md has the user-facing story):
 
 | sink | enabled by | writes to |
 |---|---|---|
-| JSONL (`miles.tracking.jsonl`) | always | `<run_dir>/metrics.jsonl` |
-| MLflow (`miles.tracking.mlflow_sink`) | `--use-mlflow` | `--mlflow-tracking-uri`, else `sqlite:///<run_dir>/mlflow.db` |
-| TensorBoard (`miles.tracking.tensorboard_sink`) | `--use-tensorboard` | `--tensorboard-dir`, else `<run_dir>/tensorboard` |
-| wandb (`miles.tracking.wandb_sink`) | `--use-wandb` | `--wandb-dir`, else `<run_dir>/wandb` (offline by default) |
-| Prometheus (`miles.tracking.prometheus_sink`) | `--use-prometheus` | HTTP `:<--prometheus-port>/metrics` |
+| JSONL (`jsonl`) | always | `<run_dir>/metrics.jsonl` |
+| MLflow (`mlflow_sink`) | `--use-mlflow` | `--mlflow-tracking-uri`, else `sqlite:///<run_dir>/mlflow.db` |
+| TensorBoard (`tensorboard_sink`) | `--use-tensorboard` | `--tensorboard-dir`, else `<run_dir>/tensorboard` |
+| wandb (`wandb_sink`) | `--use-wandb` | `--wandb-dir`, else `<run_dir>/wandb` (offline by default) |
+| Prometheus (`prometheus_sink`) | `--use-prometheus` | HTTP `:<--prometheus-port>/metrics` |
 
 Usage (the driver, once, in the driver process):
 
-    with Tracker(cfg.tracking, run_dir=out, run_id=run_id, params=asdict(cfg), resume_step=start) as tracker:
+    with Tracker(cfg.tracking, run_dir=out, run_id=run_id, params=cfg, resume_step=first_redone_step) as t:
         for step in range(start, num_rollout):
-            tracker.log({"rollout/raw_reward": r, ...}, step=step)   # several calls per step are fine
+            t.log({"rollout/raw_reward": r, ...}, step=step)   # several calls per step are fine
 
 Leaving the `with` block normally finishes the sinks as FINISHED, by KeyboardInterrupt as KILLED,
 by any other exception as FAILED. Without `with`, call `finish(status)` yourself.
@@ -69,7 +69,18 @@ def _as_float(key: Any, value: Any) -> float:
 
 
 class Tracker:
-    """Opens every sink `cfg` enables; see the module docstring."""
+    """Opens every sink `cfg` enables (see the module docstring).
+
+    - `run_dir`: the run's output directory (created if missing); default home of every sink's files.
+    - `run_id`: the miles run id: default MLflow run name, wandb group and id, Prometheus run_name.
+    - `params`: the configuration to record once (MLflow params, wandb config): a dict (nested dicts
+      become `a.b` keys) or the `EngineConfig` itself, which gives `group.option` keys and masks
+      options declared `secret=True`.
+    - `resume_step`: on resume, the first step that will be logged again; records at steps >= it are
+      dropped from metrics.jsonl and hidden in TensorBoard. None for a fresh run.
+    - `prometheus_host`: the address the Prometheus endpoint binds (0.0.0.0: scrapable from other hosts).
+    - `strict`: let a failing sink's `log` error propagate instead of counting it.
+    """
 
     def __init__(
         self,
@@ -139,7 +150,10 @@ class Tracker:
                 count = self.sink_errors.get(sink.name, 0) + 1
                 self.sink_errors[sink.name] = count
                 if count == 1:
-                    log.exception("metrics sink %s failed at step %d; the run continues, later failures are counted", sink.name, step)
+                    log.exception(
+                        "metrics sink %s failed at step %d; the run continues, later failures are counted",
+                        sink.name, step,
+                    )
 
     def finish(self, status: Status = "FINISHED") -> dict[str, BaseException]:
         """Close every sink (each one even if another fails); returns {sink name: error} for those that failed."""

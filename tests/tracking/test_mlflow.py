@@ -72,7 +72,9 @@ def test_resume_continues_the_same_run_and_truncates_jsonl(mlflow_run_dir: Path)
     assert [(r["step"], r["rollout/raw_reward"]) for r in read_metrics(t.metrics_path)] == [(0, 0.0), (1, 1.0), (2, 20.0)]
 
 
-def test_explicit_run_id_resumes_that_run_and_unknown_id_is_a_user_error(mlflow_run_dir: Path, tmp_path: Path) -> None:
+def test_explicit_run_id_resumes_that_run_and_unknown_id_is_a_user_error(
+    mlflow_run_dir: Path, tmp_path: Path
+) -> None:
     uri = f"sqlite:///{mlflow_run_dir.resolve() / 'mlflow.db'}"
     t = Tracker(TrackingConfig(use_mlflow=True), run_dir=mlflow_run_dir, run_id="a", params={})
     t.finish()

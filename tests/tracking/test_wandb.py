@@ -84,5 +84,6 @@ def test_online_mode_and_explicit_flags(tmp_path: Path, fake_wandb: list) -> Non
     )
     Tracker(cfg, run_dir=tmp_path / "run", run_id="r", params={}).finish()
     init = fake_wandb[0][1]
-    assert (init["mode"], init["project"], init["group"], init["dir"]) == ("online", "proj", "grp", str(tmp_path / "wb"))
+    got = (init["mode"], init["project"], init["group"], init["dir"])
+    assert got == ("online", "proj", "grp", str(tmp_path / "wb"))
     assert fake_wandb[-1] == ("finish", 0)
