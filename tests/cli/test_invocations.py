@@ -64,11 +64,14 @@ def test_layers_later_wins():
 
 
 def test_command_line_beats_miles_script_env():
+    normal = TINY.plan(TINY.Options(mode="normal").resolve()).engine["num_rollout"]
+    debug = TINY.plan(TINY.Options(mode="debug_minimal").resolve()).engine["num_rollout"]
+    assert normal != debug
     r = invoke(["train", "--dry-run", "--mode", "normal"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
     assert r.exit_code == 0
-    assert "│ --num-rollout " in r.output and "│ 60 " in r.output.split("│ --num-rollout ")[1][:40]
+    assert f"│ {normal} " in r.output.split("│ --num-rollout ")[1][:40]
     r = invoke(["train", "--dry-run"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
-    assert "│ 3 " in r.output.split("│ --num-rollout ")[1][:40]
+    assert f"│ {debug} " in r.output.split("│ --num-rollout ")[1][:40]
 
 
 def test_recipe_option_reaches_the_engine():
