@@ -141,7 +141,11 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        batch = [Metric(k, v, ts, step) for k, v in ((self._key(k), v) for k, v in metrics.items()) if k is not None]
+        batch = []
+        for key, value in metrics.items():
+            name = self._key(key)
+            if name is not None:
+                batch.append(Metric(name, value, ts, step))
         for i in range(0, len(batch), _METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _METRICS_PER_BATCH])
 
