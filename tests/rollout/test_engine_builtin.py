@@ -14,7 +14,16 @@ import torch
 
 from miles.prepare.tiny_model import create_tiny_qwen3
 from miles.rollout.engine.base import GenerateRequest, SamplingParams, iter_weight_buckets, weights_checksum
-from miles.rollout.engine.builtin import BatchParams, BuiltinEngine, _apply_top_k, _apply_top_p, sample_next
+from miles.rollout.engine.builtin import (
+    _GOLDEN,
+    BatchParams,
+    BuiltinEngine,
+    _apply_top_k,
+    _apply_top_p,
+    exponential_noise,
+    mix64,
+    sample_next,
+)
 
 torch.set_num_threads(1)
 
@@ -182,19 +191,45 @@ def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir):
 
 
 def test_sampler_matches_the_distribution():
-    # 20k draws of one row with p = [0.5, 0.3, 0.15, 0.05]: frequencies within 4 standard errors.
+    # 20k rows with p = [0.5, 0.3, 0.15, 0.05]: frequencies within 4 standard errors.
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     n = 20_000
     logits = probs.log().repeat(n, 1)
-    params = BatchParams(torch.ones(n), torch.full((n,), -1), torch.ones(n), [None] * n)
-    tokens, logp = sample_next(logits, params, torch.Generator().manual_seed(0))
-    freq = torch.bincount(tokens, minlength=4).float() / n
-    assert torch.allclose(freq, probs, atol=4 * (0.25 / n) ** 0.5)
-    assert torch.allclose(logp, probs.log()[tokens])
+    keys = torch.arange(n, dtype=torch.int64)
+    params = BatchParams(torch.ones(n), torch.full((n,), -1), torch.ones(n), keys)
+    for step in (0, 1):
+        tokens, logp = sample_next(logits, params, step)
+        freq = torch.bincount(tokens, minlength=4).float() / n
+        assert torch.allclose(freq, probs, atol=4 * (0.25 / n) ** 0.5)
+        assert torch.allclose(logp, probs.log()[tokens])
+    # Successive steps of one row are independent draws, not a repeat.
+    assert not torch.equal(sample_next(logits, params, 0)[0], sample_next(logits, params, 1)[0])
     # top-k 2 then top-p 0.5 of the rest (0.5/0.8 = 0.625 >= 0.5): only token 0 survives.
-    params = BatchParams(torch.ones(n), torch.full((n,), 2), torch.full((n,), 0.5), [None] * n)
-    tokens, _ = sample_next(logits, params, torch.Generator().manual_seed(0))
-    assert tokens.eq(0).all()
+    params = BatchParams(torch.ones(n), torch.full((n,), 2), torch.full((n,), 0.5), keys)
+    assert sample_next(logits, params, 0)[0].eq(0).all()
+
+
+def _splitmix64_reference(state: int, i: int) -> int:
+    """The i-th output (1-based) of SplitMix64 from `state`, in plain Python integers."""
+    m = 2**64
+    z = (state + i * 0x9E3779B97F4A7C15) % m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+    return z ^ (z >> 31)
+
+
+def test_noise_is_splitmix64_and_exponential():
+    # 1234567 through SplitMix64 is a published test vector (first output 6457827717110365317).
+    assert _splitmix64_reference(1234567, 1) == 6457827717110365317
+    states = [0, 1, 1234567, 2**63 + 5, 2**64 - 1]
+    signed = torch.tensor([x - 2**64 if x >= 2**63 else x for x in states], dtype=torch.int64)
+    got = [x % 2**64 for x in mix64(signed + _GOLDEN).tolist()]
+    assert got == [_splitmix64_reference(x, 1) for x in states]  # int64 wraparound is exact
+    e = exponential_noise(torch.arange(200, dtype=torch.int64), step=3, vocab=500)
+    assert e.shape == (200, 500) and bool((e > 0).all()) and bool(torch.isfinite(e).all())
+    assert abs(e.mean().item() - 1.0) < 0.01 and abs(e.var().item() - 1.0) < 0.03  # Exp(1): mean 1, var 1
+    assert torch.equal(e, exponential_noise(torch.arange(200, dtype=torch.int64), step=3, vocab=500))
+    assert not torch.equal(e, exponential_noise(torch.arange(200, dtype=torch.int64), step=4, vocab=500))
 
 
 def test_top_k_and_top_p_by_hand():

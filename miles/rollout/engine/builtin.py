@@ -15,9 +15,12 @@ How one `generate(requests)` call runs:
    each decode step feeds one new token per row and reuses the cache (our loop, not `model.generate`).
 4. Sampling per row: greedy when temperature == 0, else temperature, top-k (-1 = off), top-p, drawn
    with the "exponential race" `argmax(p / E)`, E ~ Exp(1) i.i.d., which picks token i with
-   probability p_i. Rows with a `seed` draw E from their own `torch.Generator`, so a seeded request
-   gives the same tokens whatever else is in the batch; unseeded rows share the engine's generator
-   (seeded by `seed=`), so a whole run is reproducible given the same calls.
+   probability p_i. E is counter-based: `-log(u)` with u from the SplitMix64 hash of
+   (row key, step, token id), computed for the whole batch in a few integer tensor ops. A request's
+   key is its `seed`, so a seeded request gets the same tokens whatever else is in the batch (and on
+   any device: the hash is exact integer math); unseeded rows get keys drawn from the engine's
+   generator (seeded by `seed=`), so a whole run is reproducible given the same calls. (A
+   `torch.Generator` per seeded request would cost one kernel call per row per step.)
 5. A row finishes on a stop token (the model's eos ids plus `stop_token_ids`; kept in `output_ids`),
    a stop string (matched on the decoded tail of the response; kept in `text`), `max_new_tokens`
    ("length"), or `pause_generation()` ("abort"). Finished rows are dropped from the batch (and
@@ -70,9 +73,9 @@ _STOP_TAIL_SLACK = 4
 class _Row:
     """Per-request decoding state (one row of the batch)."""
 
-    __slots__ = ("req", "out", "out_len", "logprobs", "finish", "matched", "stop_ids", "generator")
+    __slots__ = ("req", "out", "out_len", "logprobs", "finish", "matched", "stop_ids")
 
-    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int], device: torch.device):
+    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int]):
         self.req = req
         self.out: list[int] = []
         self.out_len = 0
@@ -80,8 +83,6 @@ class _Row:
         self.finish: FinishType | None = None
         self.matched: int | str | None = None
         self.stop_ids = eos_ids | frozenset(req.sampling_params.stop_token_ids or ())
-        seed = req.sampling_params.seed
-        self.generator = None if seed is None else torch.Generator(device).manual_seed(int(seed))
 
 
 class BuiltinEngine(RolloutEngine):
@@ -139,7 +140,8 @@ class BuiltinEngine(RolloutEngine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
 
-        self._generator = torch.Generator(self.device).manual_seed(seed)
+        # CPU: it only draws the sampling keys of unseeded requests, a few integers per batch.
+        self._generator = torch.Generator().manual_seed(seed)
         self.weight_version: int = 0
 
         # Pause / weight-update state, guarded by one condition variable.
@@ -160,7 +162,7 @@ class BuiltinEngine(RolloutEngine):
         start = time.perf_counter()
         try:
             # One generation at a time: on a CPU a second one only competes for the same cores, and
-            # the shared generator must be consumed in call order for runs to be reproducible.
+            # the engine's generator must be consumed in call order for runs to be reproducible.
             if not self._model_lock.acquire(timeout=self.wait_timeout_s):
                 raise TimeoutError(
                     f"generate() waited {self.wait_timeout_s:.0f} s for another generate() call to finish"
@@ -199,7 +201,7 @@ class BuiltinEngine(RolloutEngine):
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
         dev = self.device
-        rows = [_Row(r, self.eos_token_ids, dev) for r in requests]
+        rows = [_Row(r, self.eos_token_ids) for r in requests]
         version = self.weight_version
         for row in rows:
             if row.req.sampling_params.max_new_tokens == 0:
@@ -248,7 +250,7 @@ class BuiltinEngine(RolloutEngine):
             cache.batch_select_indices(idx)
             logits, mask, positions = logits[idx], mask[idx], positions[idx]
         next_pos = positions[:, -1:] + 1
-        params = BatchParams.build(rows, dev)
+        params = BatchParams.build(rows, dev, self._generator)
 
         limits = [row.req.sampling_params.max_new_tokens for row in rows]
         tok_buf = torch.zeros((n, max(limits)), dtype=torch.long)
@@ -263,7 +265,7 @@ class BuiltinEngine(RolloutEngine):
         n_live = n
         step = 0
         while True:
-            tokens, logprobs = sample_next(logits, params, self._generator, self.return_original_logprob)
+            tokens, logprobs = sample_next(logits, params, step, self.return_original_logprob)
             tokens_cpu = tokens.cpu()
             tok_buf[orig_t, step] = tokens_cpu
             lp_buf[orig_t, step] = logprobs.float().cpu()
@@ -447,51 +449,38 @@ class BuiltinEngine(RolloutEngine):
 class BatchParams:
     """Sampling parameters of the rows in a batch, as tensors and flags (re-selected when rows drop)."""
 
-    def __init__(
-        self,
-        temperature: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-        generators: list[torch.Generator | None],
-    ):
+    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor):
         self.greedy = temperature == 0
         # Greedy rows are argmax'd at the end; dividing their logits by 1 instead of 0 keeps them finite.
         self.temps = torch.where(self.greedy, torch.ones_like(temperature), temperature)
-        self.top_k, self.top_p, self.generators = top_k, top_p, generators
+        self.top_k, self.top_p, self.keys = top_k, top_p, keys
         self.all_greedy = bool(self.greedy.all())
         self.any_greedy = bool(self.greedy.any())
         self.all_t1 = bool((self.temps == 1).all())
         self.any_top_k = bool((top_k > 0).any())
         self.any_top_p = bool((top_p < 1).any())
-        self.any_seeded = any(g is not None for g in generators)
 
     @classmethod
-    def build(cls, rows: list[_Row], device: torch.device) -> "BatchParams":
+    def build(cls, rows: list[_Row], device: torch.device, generator: torch.Generator) -> "BatchParams":
         sps = [row.req.sampling_params for row in rows]
+        drawn = torch.randint(-(2**63), 2**63 - 1, (len(rows),), generator=generator, dtype=torch.int64).tolist()
+        keys = [drawn[j] if sp.seed is None else _as_int64(sp.seed) for j, sp in enumerate(sps)]
         return cls(
             torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=device),
             torch.tensor([sp.top_k for sp in sps], dtype=torch.long, device=device),
             torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=device),
-            [row.generator for row in rows],
+            torch.tensor(keys, dtype=torch.int64, device=device),
         )
 
     def select(self, idx: torch.Tensor) -> "BatchParams":
         temperature = torch.where(self.greedy, torch.zeros_like(self.temps), self.temps)
-        return BatchParams(
-            temperature[idx], self.top_k[idx], self.top_p[idx], [self.generators[i] for i in idx.tolist()]
-        )
+        return BatchParams(temperature[idx], self.top_k[idx], self.top_p[idx], self.keys[idx])
 
 
 def sample_next(
-    logits: torch.Tensor,
-    p: BatchParams,
-    generator: torch.Generator,
-    original_logprob: bool = False,
+    logits: torch.Tensor, p: BatchParams, step: int, original_logprob: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next token per row, its log-prob) for [rows, vocab] logits; see the module docstring, step 4.
-
-    Rows with their own generator in `p.generators` draw from it; the others from `generator`.
-    """
+    """(next token per row, its log-prob) for [rows, vocab] logits at decode `step`; see step 4 above."""
     logits = logits.float()
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
@@ -503,20 +492,49 @@ def sample_next(
         probs = _apply_top_k(probs, p.top_k)
     if p.any_top_p:
         probs = _apply_top_p(probs, p.top_p)
-    noise = torch.empty_like(probs)
-    if p.any_seeded:
-        for j, g in enumerate(p.generators):
-            noise[j].exponential_(generator=g if g is not None else generator)
-    else:
-        noise.exponential_(generator=generator)
-    # exponential_ can return exactly 0 (about 2^-24 per draw); p / 0 would be inf or nan.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    tokens = (probs / noise).argmax(dim=-1)
+    tokens = (probs / exponential_noise(p.keys, step, probs.shape[-1])).argmax(dim=-1)
     if p.any_greedy:
         tokens = torch.where(p.greedy, logits.argmax(dim=-1), tokens)
     if original_logprob and not p.all_t1:
         logp = torch.log_softmax(logits, dim=-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+# SplitMix64 (Steele, Lea, Flood 2014) constants, as signed int64 (torch has no uint64 arithmetic).
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MUL1 = 0xBF58476D1CE4E5B9 - 2**64
+_MUL2 = 0x94D049BB133111EB - 2**64
+
+
+def _as_int64(x: int) -> int:
+    """`x` mod 2^64, as the signed int64 with the same bits."""
+    x %= 2**64
+    return x - 2**64 if x >= 2**63 else x
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's `>>` is arithmetic: it copies the sign bit)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output function on int64 tensors (multiplication wraps mod 2^64)."""
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def exponential_noise(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """[rows, vocab] i.i.d. Exp(1) draws, a pure function of (key, step, token id).
+
+    Row r, step s is the SplitMix64 stream seeded by mix64(key_r + s * golden): its i-th output
+    becomes u = (top 23 bits + 0.5) / 2^23, exactly representable in float32 and strictly inside
+    (0, 1), so E = -log(u) is never 0 or inf.
+    """
+    base = mix64(keys + _as_int64(step * _GOLDEN))
+    counters = torch.arange(1, vocab + 1, device=keys.device, dtype=torch.int64) * _GOLDEN
+    bits = _shr(mix64(base[:, None] + counters[None, :]), 41)
+    return -torch.log((bits.float() + 0.5) * 2.0**-23)
 
 
 def _apply_top_k(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
