@@ -182,8 +182,9 @@ class Checker:
     # -- helpers ----------------------------------------------------------------------------------
 
     def report(self, page: Path, line: int, message: str) -> None:
+        base = self.root if self.root in page.parents else self.docs_dir.parent
         try:
-            shown = page.relative_to(self.root).as_posix()
+            shown = page.relative_to(base).as_posix()
         except ValueError:
             shown = str(page)
         self.problems.append(Problem(shown, line, message))

@@ -57,18 +57,18 @@ def default_cell(fd: FlagDoc) -> str:
 
 
 def help_cell(fd: FlagDoc) -> str:
-    parts = [fd.help] if fd.help else []
+    parts = [cell(fd.help)] if fd.help else []
     if fd.choices:
         parts.append("Choices: " + ", ".join(code(c) for c in fd.choices) + ".")
     if fd.derived:
-        parts.append(f"Derived default: {fd.derived}.")
+        parts.append(f"Derived default: {cell(fd.derived)}.")
     if fd.repeatable:
         parts.append("Repeatable.")
     if fd.env:
         parts.append(f"Env: {code(fd.env)}.")
     if fd.unsupported:
-        parts.append(f"**Not available in this build:** {fd.unsupported}.")
-    return cell(" ".join(parts))
+        parts.append(f"**Not available in this build:** {cell(fd.unsupported)}.")
+    return " ".join(parts)
 
 
 def flag_cell(command: str, fd: FlagDoc) -> str:

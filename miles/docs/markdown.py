@@ -77,12 +77,17 @@ def parse(text: str) -> Page:
 
 
 def slugify(text: str, separator: str = "-") -> str:
-    """The anchor MkDocs (Python-Markdown `toc`) gives a heading."""
-    text = re.sub(r"<[^>]+>", "", text)  # inline HTML is dropped
-    text = re.sub(r"`+", "", text)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links keep their text
-    text = re.sub(r"[*_]{1,3}(\S.*?\S|\S)[*_]{1,3}", r"\1", text)
-    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    """The anchor MkDocs (Python-Markdown `toc`) gives a heading: code spans keep their text verbatim."""
+    parts = re.split(r"(`+)(.+?)\1", text)
+    plain = []
+    for i in range(0, len(parts), 3):
+        prose = re.sub(r"<[^>]+>", "", parts[i])  # inline HTML is dropped
+        prose = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose)  # links keep their text
+        prose = re.sub(r"\*{1,3}(\S.*?\S|\S)\*{1,3}", r"\1", prose)
+        plain.append(prose)
+        if i + 2 < len(parts):
+            plain.append(parts[i + 2])
+    text = unicodedata.normalize("NFKD", "".join(plain)).encode("ascii", "ignore").decode("ascii")
     text = re.sub(r"[^\w\s-]", "", text).strip().lower()
     return re.sub(rf"[{separator}\s]+", separator, text)
 

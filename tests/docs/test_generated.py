@@ -1,0 +1,88 @@
+"""The generated reference is fresh, complete (every flag of every command) and says what --help says.
+
+Run: pytest tests/docs/test_generated.py
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from miles.docs import markdown
+from miles.docs.cli_reference import flag_anchor, render_cli
+from miles.docs.generate import FILES, expected, stale
+from miles_cli.main import build_app
+
+
+def test_generated_files_and_blocks_are_fresh(root, model):
+    assert [str(p.relative_to(root)) for p in stale(root, model)] == [], "run `miles docs generate`"
+
+
+def test_every_flag_of_every_command_is_in_the_reference(root, model):
+    text = (root / "docs/reference/cli.md").read_text()
+    anchors = markdown.anchors(markdown.parse(text))
+    missing = []
+    for name, cmd in model.commands.items():
+        assert f"`miles {name}`" in text, name
+        for fd in cmd.flags:
+            if flag_anchor(name, fd.flag) not in anchors:
+                missing.append(f"{name} {fd.flag}")
+            missing += [f"{name} {f}" for f in fd.flags if f"`{f}`" not in text]
+    for recipe, flags in model.recipe_flags.items():
+        missing += [f"{recipe} {f}" for f in flags if f"`{f}`" not in text]
+    assert missing == []
+    assert len({f for c in model.commands.values() for fd in c.flags for f in fd.flags}) > 150  # walked the real app
+
+
+def _help_defaults(argv: list[str]) -> dict[str, str]:
+    """{flag: text of [default: ...]} read from the rendered `miles ... --help`, one row per line."""
+    out = CliRunner().invoke(build_app(argv), argv, env={"COLUMNS": "4000", "NO_COLOR": "1"}).output
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^│\s+\*?\s*(--[a-z0-9-]+)", line)
+        d = re.search(r"\[default: (.*?)\]", line)
+        if m and d:
+            rows[m.group(1)] = d.group(1)
+    return rows
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "convert", "docker-build"])
+def test_reference_defaults_are_the_ones_help_prints(model, command):
+    shown = _help_defaults([command, "--help"])
+    assert len(shown) >= 2
+    for flag, default in shown.items():
+        fd = model.commands[command].flag(flag)
+        assert fd is not None, flag
+        assert fd.default == default, flag
+
+
+def test_reference_rows_state_type_default_choices_rule_env_and_unsupported(model):
+    text = render_cli(model)
+    row = lambda flag: next(ln for ln in text.splitlines() if f'id="run-{flag}"' in ln)  # noqa: E731
+    assert "| choice | `grpo` |" in row("advantage-estimator") and "`gspo`" in row("advantage-estimator")
+    assert "| bool | derived |" in row("offload-train") and "Derived default: true under --colocate" in row("offload-train")
+    assert "| int | `9090` |" in row("prometheus-port") and "Env: `PROMETHEUS_PORT`." in row("prometheus-port")
+    assert "**Not available in this build:**" in row("use-fault-tolerance")
+    assert "Env: `MILES_SCRIPT_MODEL_NAME`." in row("model-name")
+    assert "| int | `536870912` |" in row("update-weight-buffer-size")  # the upstream audit found 1 GB here
+
+
+def test_recipe_sections_list_the_defaults_each_recipe_changes(model):
+    text = render_cli(model)
+    tiny = text.split("{#recipe-tiny-qwen3}")[1].split("### ")[0]
+    assert "| `--rollout-batch-size` | `None` | `16` |" in tiny
+    qwen = text.split("{#recipe-qwen3-0-6b}")[1]
+    assert "| `--rollout-max-response-len` | `1024` | `8192` |" in qwen
+    assert 'id="run-prompt-file"' in qwen  # an option only this recipe has gets its own row
+
+
+def test_generate_writes_what_the_check_expects(tmp_path, root, model):
+    # Regenerating into a copy of a page with a stale block restores the block exactly.
+    page = tmp_path / "p.md"
+    page.write_text("x\n<!-- BEGIN GENERATED: argument-groups -->\nold\n<!-- END GENERATED: argument-groups -->\ny\n")
+    contents, _ = expected(root, model, docs_dir=tmp_path)
+    new = contents[page]
+    assert "old" not in new and "| [Cluster](reference/cli.md#run-cluster)" in new and new.endswith("y\n")
+    assert set(FILES) == {"docs/reference/cli.md", "docs/reference/recipes.md", "docs/reference/env-vars.md", "docs/reference/hooks.md"}
