@@ -109,7 +109,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 start, resumed_from = rollout_id + 1, rollout_id
 
         tracker = Tracker(
-            cfg.tracking, run_dir=run_dir, run_id=run_id, params=cfg.flat(), resume_step=start if resumed_from is not None else None
+            # Rollout r is logged as step r + 1, so a resume at rollout `start` rewrites steps from start + 1.
+            cfg.tracking, run_dir=run_dir, run_id=run_id, params=cfg, resume_step=start + 1 if resumed_from is not None else None
         )
         status = "FAILED"
         first_eval: dict[str, float] = {}
@@ -143,7 +144,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                             first_eval = last_eval
                     metrics["perf/step_time"] = time.perf_counter() - t0
                     tracker.log(metrics, step=rollout_id + 1)
-                    print_step_summary(rollout_id + 1, metrics)
+                    print_step_summary(rollout_id + 1, metrics, num_steps=d.num_rollout)
                     bar.advance(task)
             status = "FINISHED"
         except KeyboardInterrupt:
