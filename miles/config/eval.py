@@ -13,7 +13,7 @@ class EvalConfig:
     eval_interval: int | None = option(None, help="Evaluate every this many rollout steps (and after the last); unset = never.")
     eval_prompt_data: list[str] | None = option(
         None,
-        help="Eval datasets as NAME PATH pairs, e.g. --eval-prompt-data arith data/eval.jsonl; repeat for more.",
+        help="Eval datasets as NAME PATH pairs: repeat the flag per value (--eval-prompt-data arith --eval-prompt-data eval.jsonl), or give the pairs in --extra-args.",
     )
     skip_eval_before_train: bool = option(False, help="Do not evaluate before the first training step.")
     eval_input_key: str | None = option(
