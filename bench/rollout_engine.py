@@ -1,9 +1,11 @@
 """Benchmark: generated tokens/s of the built-in rollout engine vs Hugging Face `model.generate`.
 
 Baseline: `model.generate(do_sample=True, temperature=1)` on the same model, the same batch of random
-prompts and the same number of new tokens, measured in the same run. Neither side may stop early (the
+prompts (rollout cases repeat each prompt `n_samples_per_prompt` times, as a rollout does) and the
+same number of new tokens, measured in the same run. Our requests carry per-request seeds and ask
+for log-probs, as the rollout manager's do. Neither side may stop early (the
 models have no eos), so both produce exactly batch x new_tokens tokens. Reported: median of `--repeats`
-timed runs (ours and generate alternating) after one warm-up, tokens/s for each, and ours / generate (> 1 means we are faster).
+timed runs (ours and generate alternating) after three warm-ups, tokens/s for each, and ours / generate (> 1 means we are faster).
 
 Models (random init, created in a temp dir, nothing downloaded):
 - tiny: the embedded default (hidden 64, 2 layers, ~124k params, vocab 19);
@@ -94,13 +96,14 @@ def make_15m(root: Path) -> Path:
 
 
 def _interleaved_medians(a, b, repeats: int) -> tuple[float, float]:
-    """Median seconds of `a()` and of `b()`, run alternately (a, b, a, b, ...) after one warm-up each.
+    """Median seconds of `a()` and of `b()`, run alternately (a, b, a, b, ...) after warm-ups.
 
     Alternating puts both under the same background load, which on a shared CPU moves more than
-    either number.
+    either number. Three warm-ups each: the first calls in a process pay for allocator growth.
     """
-    a()
-    b()
+    for _ in range(3):
+        a()
+        b()
     ta, tb = [], []
     for _ in range(repeats):
         for fn, times in ((a, ta), (b, tb)):
@@ -121,9 +124,10 @@ def run_case(
     g = torch.Generator().manual_seed(0)
     # Each prompt repeated per_prompt times in a row, as a rollout sends them.
     prompts = torch.randint(4, vocab, (distinct, prompt_len), generator=g).repeat_interleave(per_prompt, 0)
+    # Seeded per request, as the rollout manager sends them (the seed only picks the draws).
     reqs = [
-        GenerateRequest(p.tolist(), SamplingParams(temperature=1.0, max_new_tokens=new), return_logprob=True)
-        for p in prompts
+        GenerateRequest(p.tolist(), SamplingParams(temperature=1.0, max_new_tokens=new, seed=i), return_logprob=True)
+        for i, p in enumerate(prompts)
     ]
 
     def ours() -> None:
