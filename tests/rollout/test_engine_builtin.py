@@ -142,6 +142,31 @@ def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
         assert copies[s].output_ids == solo.output_ids
 
 
+def test_mixed_limits_and_stops_in_one_batch_match_solo_runs(hf_dir):
+    # Different max_new_tokens, stop strings and stop ids per row: rows finish at different steps,
+    # the batch is compacted several times, and each row must still equal its solo run.
+    eng = BuiltinEngine(hf_dir, seed=0)
+    reqs = []
+    for k, p in enumerate(PROMPTS[:40]):
+        sp = dict(temperature=0, max_new_tokens=1 + k % 9)
+        if k % 3 == 0:
+            sp["stop"] = ["7", "=="]
+        if k % 4 == 1:
+            sp["stop_token_ids"] = [9]
+        if k % 5 == 2:
+            sp.update(temperature=1.0, seed=k)
+        reqs.append(GenerateRequest(_ids(eng, p), SamplingParams(**sp), return_logprob=True))
+    batched = eng.generate(reqs)
+    for req, b in zip(reqs, batched):
+        [s] = eng.generate([req])
+        assert (b.output_ids, b.finish_reason, b.text) == (s.output_ids, s.finish_reason, s.text)
+        assert len(b.output_ids) <= req.sampling_params.max_new_tokens
+    reasons = {b.finish_type for b in batched}
+    matched = {b.matched for b in batched if b.finish_type == "stop"}
+    assert reasons == {"stop", "length"}
+    assert EOS in matched and any(isinstance(m, str) for m in matched)  # ids and strings both hit
+
+
 def test_finish_reasons_stop_token_stop_string_length_and_eos(engine):
     free = engine.generate([_req(engine, p, temperature=0, max_new_tokens=8) for p in PROMPTS[:20]])
     # eos (the default stop id): kept in output_ids, dropped from text by skip_special_tokens.

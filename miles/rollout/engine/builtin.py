@@ -6,7 +6,8 @@ like SGLang: no continuous batching, no paged KV cache, no prefix cache across c
 
 How one `generate(requests)` call runs:
 
-1. Requests are sorted by prompt length and cut into batches of `max_batch_size` (less padding).
+1. Requests are sorted by prompt length (then ids) and cut into batches of `max_batch_size`: less
+   padding, and the copies of a prompt land in the same batch.
 2. A batch is left-padded, with an attention mask and position ids counted from each prompt's
    first real token (so a padded prompt sees the same positions as when it runs alone). When every
    prompt in the batch has the same length the mask is omitted (faster, same result).
@@ -167,8 +168,9 @@ class BuiltinEngine(RolloutEngine):
                 raise TimeoutError(
                     f"generate() waited {self.wait_timeout_s:.0f} s for another generate() call to finish"
                 )
-            # Sorting by length keeps padding small; results are put back in request order.
-            order = sorted(range(len(requests)), key=lambda i: len(requests[i].input_ids))
+            # Sorting by (length, ids) keeps padding small and a prompt's copies in one batch (they
+            # share a prefill); results are put back in request order.
+            order = sorted(range(len(requests)), key=lambda i: (len(requests[i].input_ids), requests[i].input_ids))
             results: list[GenerateResponse | None] = [None] * len(requests)
             try:
                 for lo in range(0, len(order), self.max_batch_size):
