@@ -347,3 +347,11 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     waiter.join(timeout=30)
     assert len(result) == 1 and result[0].finish_type in ("stop", "length")
     assert eng.health()["paused"] is False
+
+
+def test_a_directory_without_a_model_is_a_user_error(tmp_path):
+    from miles.errors import UserError
+
+    with pytest.raises(UserError, match="no config.json") as err:
+        BuiltinEngine(tmp_path)
+    assert err.value.option == "--hf-checkpoint"
