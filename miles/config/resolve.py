@@ -112,6 +112,12 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         _require(cfg.ckpt.save is not None, "--save-interval needs --save DIR; add it or drop --save-interval.", "--save-interval")
     cfg.algo.check(d.n_samples_per_prompt)
     cfg.reward.check()
+    if purpose == "eval":
+        _require(
+            bool(cfg.eval.eval_prompt_data),
+            "miles eval needs eval datasets; give --eval-prompt-data NAME PATH (in --extra-args or after --).",
+            "--eval-prompt-data",
+        )
     if purpose != "train":
         return
     _require(

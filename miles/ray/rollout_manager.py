@@ -46,7 +46,7 @@ def pick_device(device: str) -> str:
 
 
 class RolloutManager:
-    def __init__(self, cfg: EngineConfig, *, threads: int = 1):
+    def __init__(self, cfg: EngineConfig, *, threads: int = 1, train_data: bool = True):
         torch.set_num_threads(threads)
         self.cfg = cfg
         r, d = cfg.rollout, cfg.data
@@ -57,8 +57,9 @@ class RolloutManager:
             seed=r.rollout_seed,
         )
         self.tokenizer = self.engine.tokenizer
-        self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
-        self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
+        if train_data:  # `miles eval` needs only the eval datasets
+            self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
+            self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
         self.eval_datasets: dict[str, PromptDataset] = {}
         pairs = cfg.eval.eval_prompt_data or []
         for name, path in zip(pairs[0::2], pairs[1::2]):

@@ -57,6 +57,18 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     assert "Resumed from the checkpoint of rollout 2" in r2.stdout
 
 
+def test_eval_of_the_final_checkpoint_equals_the_runs_last_eval(work):
+    """`miles eval --checkpoint <run>/checkpoints` loads the trainer weights into a fresh engine."""
+    run_dir = work / "runs" / "smoke"
+    if not (run_dir / "checkpoints").exists():
+        run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
+    last = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    run(["eval", "--mode", "debug_minimal", *dirs(work, "smoke"), "--checkpoint", str(run_dir / "checkpoints")], work)
+    written = json.loads((run_dir / "eval" / "rollout_2.json").read_text())
+    for key in ["eval/arith/accuracy", "eval/arith/reward", "eval/arith/response_len_mean"]:
+        assert written[key] == last[key], key
+
+
 def test_resume_equals_uninterrupted_bit_for_bit(work):
     """Train 4 rollouts straight; train 2, stop, rerun to 4: the final trainer states are identical."""
     common = ["--mode", "debug_minimal", "--skip-eval-before-train", "--save-interval", "2"]

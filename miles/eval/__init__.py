@@ -1,0 +1,1 @@
+"""Evaluation runs (`miles eval`) and their metric names (`eval/<dataset>/...`)."""

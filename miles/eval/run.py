@@ -1,0 +1,70 @@
+"""`miles eval`: score a model on the eval datasets with the eval sampling settings.
+
+The model is a Hugging Face directory, or a miles checkpoint directory (`--save` of a run, holding
+`latest_checkpointed_iteration.txt`) whose trainer weights are loaded into the engine on top of
+`--hf-checkpoint`'s architecture. It runs in-process on the built-in engine (no Ray: one engine, no
+trainer), prints the `eval/<dataset>/...` metrics as a table and writes them to
+`<run dir>/eval/<label>.json` (written to a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from miles.errors import UserError
+
+console = Console()
+
+
+def _checkpoint_weights(path: Path):
+    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint
+
+    found = load_latest_checkpoint(path)
+    if found is None:
+        raise UserError(f"--checkpoint {path} holds no complete checkpoint (no latest_checkpointed_iteration.txt).", option="--checkpoint")
+    rollout_id, state, _ = found
+    return rollout_id, state["model"]
+
+
+def run_eval(cfg, *, checkpoint: str | None, run_dir: str) -> dict[str, float]:
+    from miles.ray.rollout_manager import RolloutManager
+
+    label = "hf_checkpoint"
+    weights = None
+    if checkpoint:
+        path = Path(checkpoint)
+        if (path / "config.json").is_file():
+            cfg.rollout.hf_checkpoint = str(path)
+            label = path.name
+        elif (path / "latest_checkpointed_iteration.txt").is_file():
+            rollout_id, weights = _checkpoint_weights(path)
+            label = f"rollout_{rollout_id}"
+        else:
+            raise UserError(
+                f"--checkpoint {path} is neither a Hugging Face model directory (config.json) nor a miles checkpoint "
+                "directory (latest_checkpointed_iteration.txt).",
+                option="--checkpoint",
+            )
+    manager = RolloutManager(cfg, train_data=False, threads=os.cpu_count() or 1)
+    if weights is not None:
+        manager.update_weights([list(weights.items())], version=0)
+    with console.status("evaluating"):
+        metrics = manager.eval(0)
+    table = Table(title=f"miles eval — {label}")
+    table.add_column("Metric", style="cyan")
+    table.add_column("Value", justify="right")
+    for key in sorted(metrics):
+        table.add_row(key, f"{metrics[key]:.4f}")
+    console.print(table)
+    out = Path(run_dir) / "eval" / f"{label}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    os.replace(tmp, out)
+    console.print(f"Wrote {out}")
+    return metrics
