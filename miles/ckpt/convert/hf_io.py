@@ -112,15 +112,20 @@ class HFReader:
     def get(self, name: str) -> torch.Tensor:
         return self._handle(self.weight_map[name]).get_tensor(name)
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The stored dtype, from the safetensors header (no data is read)."""
+        import torch
+
+        code = self._handle(self.weight_map[name]).get_slice(name).get_dtype()
+        return getattr(torch, {v: k for k, v in _ST_DTYPES.items()}[code])
+
     def nbytes(self, name: str) -> int:
         import torch
 
-        sl = self._handle(self.weight_map[name]).get_slice(name)
         n = 1
-        for d in sl.get_shape():
+        for d in self._handle(self.weight_map[name]).get_slice(name).get_shape():
             n *= d
-        dtype = {v: k for k, v in _ST_DTYPES.items()}[sl.get_dtype()]
-        return n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        return n * torch.empty((), dtype=self.dtype(name)).element_size()
 
 
 @dataclass

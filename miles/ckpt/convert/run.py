@@ -1,7 +1,8 @@
 """`run_convert`: the whole conversion, atomic and resumable-by-skip, with a rich progress bar.
 
-HF -> torch_dist: read HF tensors one rule at a time, map them (mapping.py), save with megatron-core
-`dist_checkpointing` into `<tmp>/release/`, copy config/tokenizer files into `<tmp>/hf_assets/` (the
+HF -> torch_dist: plan every megatron tensor (name, shape, dtype) from the config and the safetensors
+headers, then write `<tmp>/release/` (torch_dist.py), reading and mapping (mapping.py) each tensor's
+HF parts only when the writer reaches it, copy config/tokenizer files into `<tmp>/hf_assets/` (the
 default origin for the reverse conversion), write `latest_checkpointed_iteration.txt` = `release`
 LAST, then rename `<tmp>` to `--save`.
 
@@ -24,9 +25,9 @@ from typing import Any, Iterator
 
 from miles.ckpt.convert.families import ModelShape, validate_megatron_args
 from miles.ckpt.convert.hf_io import HF_ASSET_FILES, INDEX, HFReader, ShardedSafetensorsWriter, read_hf_config
-from miles.ckpt.convert.layout import hf_shapes
+from miles.ckpt.convert.layout import hf_shapes, megatron_shapes
 from miles.ckpt.convert.mapping import Rule, hf_to_megatron, megatron_to_hf, rules_for
-from miles.ckpt.convert.torch_dist import TRACKER, TorchDistReader, resolve_checkpoint_dir, save_torch_dist
+from miles.ckpt.convert.torch_dist import TRACKER, PlannedTensor, TorchDistReader, resolve_checkpoint_dir, save_torch_dist
 from miles.config.convert import ConvertOptions
 from miles.errors import UserError
 
@@ -108,18 +109,23 @@ def _shape(directory: Path, opts: ConvertOptions) -> ModelShape:
 
 def _hf_to_torch_dist(src: Path, tmp: Path, opts: ConvertOptions, progress: bool) -> None:
     shape = _shape(src, opts)
-    rules = rules_for(shape)
+    rules = {r.megatron: r for r in rules_for(shape)}
     with HFReader(src, shape) as reader:
-        total = sum(reader.nbytes(n) for r in rules for n in r.hf)
-        with _progress(progress, f"{src.name} -> torch_dist", len(rules), total) as advance:
-            def converted() -> Iterator[tuple[str, Any]]:
-                for r in rules:
-                    parts = [reader.get(n) for n in r.hf]
-                    yield r.megatron, hf_to_megatron(r, parts, shape)
-                    advance(1, sum(p.numel() * p.element_size() for p in parts))
+        plan = []
+        for name, local_shape in megatron_shapes(shape).items():
+            dtypes = {reader.dtype(n) for n in rules[name].hf}
+            if len(dtypes) != 1:
+                raise UserError(f"{src}: {', '.join(rules[name].hf)} have different dtypes {sorted(map(str, dtypes))}; "
+                                "they are fused into one megatron tensor, so convert them to one dtype first.")
+            plan.append(PlannedTensor(name, local_shape, dtypes.pop()))
+        total = sum(reader.nbytes(n) for r in rules.values() for n in r.hf)
+        with _progress(progress, f"{src.name} -> torch_dist", len(plan), total) as advance:
+            def produce(name: str) -> Any:
+                parts = [reader.get(n) for n in rules[name].hf]
+                advance(1, sum(p.numel() * p.element_size() for p in parts))
+                return hf_to_megatron(rules[name], parts, shape)
 
-            (tmp / "release").mkdir()
-            save_torch_dist(converted(), tmp / "release", shape)
+            save_torch_dist(plan, produce, tmp / "release", shape)
     _copy_assets(src, tmp / ASSETS_DIR)
     record = {"from": "hf", "hf_checkpoint": str(src.absolute()), "architecture": shape.architecture}
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")

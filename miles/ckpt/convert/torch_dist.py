@@ -1,85 +1,106 @@
 """Write and read megatron-core `torch_dist` checkpoints of a GPTModel without building the model.
 
-`save_torch_dist(tensors, ckpt_dir, shape)` turns (megatron local name, tensor) pairs into the
-`ShardedTensor`s a local-spec GPTModel's `sharded_state_dict()` would produce (see layout.py) and saves
-them with `megatron.core.dist_checkpointing`. `TorchDistReader(ckpt_dir, shape)` reads tensors back,
-one layer at a time, by asking `dist_checkpointing.load` for exactly those shards.
+`save_torch_dist(plan, produce, ckpt_dir, shape)` writes the checkpoint a local-spec GPTModel's
+`sharded_state_dict()` would save (same keys, stacked layer/expert axes, chunks, `_extra_state`
+objects, `metadata.json`, `common.pt`; see layout.py), asking `produce(name)` for each tensor only
+when its bytes are written. `TorchDistReader(ckpt_dir, shape)` reads tensors back one at a time.
 
-Memory: reading is streamed (one tensor at a time). Writing is NOT: megatron-core's
-`dist_checkpointing.save` takes one state dict for the whole checkpoint (its metadata and
-validation span all shards), so the writer holds the converted model in memory once.
+Memory: both directions hold one tensor at a time. megatron-core's own `dist_checkpointing.save`
+cannot: it stages the whole sharded state dict before its writer starts, and torch's
+`FileSystemWriter` keeps every tensor of a file alive until the file is closed. So the writer here
+is torch DCP's public `torch.distributed.checkpoint.save` (no process group needed) with the lazy
+planner and streaming storage writer of dcp_stream.py; a new `__0_N.distcp` file starts every
+`file_bytes`. The on-disk format is torch DCP's own; tests check that the `.metadata` index equals
+the one megatron-core's `dist_checkpointing.save` writes for the same tensors, and that
+`dist_checkpointing.load` reads the result into a GPTModel at TP1 and TP2. megatron-core supplies
+`metadata.json` (`save_config`) and the file names; no megatron-core CPU patch is needed to save.
 
-Both need Saving needs `torch.distributed`; with no process group yet, a private single-process gloo
-group is opened for the call and closed after it (`single_process_group`). megatron-core's writer
-starts a `spawn` multiprocessing manager, so a script calling it needs `if __name__ == "__main__":`.
+What it is not: a writer for training checkpoints (optimizer state, several ranks): conversion runs in
+one process and writes whole (TP=1) tensors; megatron-core slices them at load time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import socket
-from datetime import timedelta
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from miles.ckpt.convert.families import ModelShape
-from miles.ckpt.convert.layout import ShardedKey, extra_state_keys, megatron_shapes, sharded_key
+from miles.ckpt.convert.layout import extra_state_keys, megatron_shapes, sharded_key
 from miles.ckpt.convert.mapping import rules_for
-from miles.ckpt.megatron_compat import cpu_compat
 from miles.errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# A new .distcp file is started once the current one holds this many bytes: few files for a large
+# model, and a partly written file never holds more than one tensor past this.
+FILE_BYTES = 4 * 1024**3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A megatron-core tensor (local-spec name, whole TP=1 shape) to be written, known before its data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
-@contextlib.contextmanager
-def single_process_group() -> Iterator[None]:
-    """A world-size-1 gloo group for the duration of the block, unless one already exists."""
-    import torch.distributed as dist
+def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torch.Tensor], ckpt_dir: Path,
+                    shape: ModelShape, *, file_bytes: int = FILE_BYTES) -> None:
+    """Write a torch_dist checkpoint into `ckpt_dir` (created if missing), one tensor in memory at a time.
 
-    if dist.is_initialized():
-        if dist.get_world_size() != 1:
-            raise RuntimeError("checkpoint conversion runs in one process; call it outside a multi-rank job")
-        yield
-        return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=120)
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def _sharded_tensor(sk: ShardedKey, tensor: torch.Tensor):
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
-    return ShardedTensor.from_rank_offsets(sk.key, tensor, *sk.prepend, replica_id=0, prepend_axis_num=len(sk.prepend))
-
-
-def save_torch_dist(tensors: Iterable[tuple[str, torch.Tensor]], ckpt_dir: Path, shape: ModelShape) -> None:
-    """Save megatron-named tensors as a torch_dist checkpoint in `ckpt_dir` (which must exist)."""
-    from megatron.core import dist_checkpointing
+    `produce(name)` is called once per planned tensor, in plan order, and must return a tensor of
+    the planned shape and dtype; it is dropped as soon as its bytes are on disk.
+    """
+    import torch
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
     from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAME
+    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-    sharded: dict[str, object] = {}
-    for name, tensor in tensors:
-        sharded[name] = _sharded_tensor(sharded_key(name, shape), tensor)
+    items: list[WriteItem] = []
+    planned: dict[MetadataIndex, PlannedTensor] = {}
+    for p in plan:
+        sk = sharded_key(p.name, shape)
+        lead = len(sk.prepend)
+        offsets = torch.Size([o for _, o, _ in sk.prepend] + [0] * len(p.shape))
+        chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([1] * lead + list(p.shape)))
+        planned[MetadataIndex(sk.key, offsets)] = p
+        # SHARD for every tensor, as megatron-core's translation produces: a stacked key gets one chunk per layer.
+        items.append(WriteItem(index=MetadataIndex(sk.key, offsets), type=WriteItemType.SHARD,
+                               tensor_data=TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=p.dtype),
+                                                           size=torch.Size([n for _, _, n in sk.prepend] + list(p.shape)))))
     for sk in extra_state_keys(rules_for(shape), shape):
-        offset = tuple(p[1] for p in sk.prepend)
-        sharded[f"{sk.key}/{offset}"] = ShardedObject(sk.key, None, tuple(p[2] for p in sk.prepend), offset, replica_id=0)
-    with cpu_compat(), single_process_group():
-        dist_checkpointing.save(sharded, str(ckpt_dir), sharded_strategy=("torch_dist", 1))
+        # The local spec's linear layers have an `_extra_state` of None, stored as megatron-core does:
+        # torch.save([data]) under the ShardedObject's unique key.
+        obj = ShardedObject(sk.key, None, tuple(n for _, _, n in sk.prepend), tuple(o for _, o, _ in sk.prepend), replica_id=0)
+        items.append(WriteItem(index=MetadataIndex(obj.unique_key), type=WriteItemType.BYTE_IO))
+
+    from miles.ckpt.convert.dcp_stream import LazyPlanner, StreamingWriter
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    planner = LazyPlanner(items, planned, produce)
+    with warnings.catch_warnings():
+        # One process by design; torch warns that it "assumes" so when no process group exists.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            save({}, storage_writer=StreamingWriter(ckpt_dir, file_bytes), planner=planner, no_dist=True)
+        except CheckpointException as e:
+            # torch wraps whatever the single rank raised (a produce error, Ctrl-C, a UserError) in a
+            # BaseException subclass; re-raise the original so it keeps its type and traceback.
+            (original, _trace), = e.failures.values()
+            raise original from None
+    torch.save({}, ckpt_dir / COMMON_STATE_FNAME)  # what megatron-core saves for a state dict with no common part
+    save_config(CheckpointingConfig("torch_dist", 1), str(ckpt_dir))  # metadata.json: the backend marker
 
 
 def resolve_checkpoint_dir(load: Path) -> Path:
