@@ -121,9 +121,14 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 first_eval = wait(manager.eval.remote(0), "eval before training")
                 tracker.log({**first_eval, "eval/step": 0}, step=0)
                 last_eval = first_eval
+            if resumed_from is not None and _is_eval_step(cfg, start) and not _logged_eval(run_dir, start):
+                # Killed between its checkpoint and its eval: the checkpoint holds exactly the weights
+                # that eval would have seen, so run it now and nothing is missing from the record.
+                tracker.log(wait(manager.eval.remote(start), f"the eval of step {start} missed by the interrupted run"), step=start)
             with progress() as bar:
                 task = bar.add_task("RL steps", total=d.num_rollout, completed=start)
                 for rollout_id in range(start, d.num_rollout):
+                    step = rollout_id + 1
                     t0 = time.perf_counter()
                     out = wait(manager.generate.remote(rollout_id), f"rollout {rollout_id} to generate")
                     metrics = dict(out["metrics"])
@@ -132,19 +137,21 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                         results = wait([w.train.remote(out["train_data"], rollout_id) for w in workers], f"training on rollout {rollout_id}")
                         metrics.update(results[0])
                         metrics["perf/train_time"] = time.perf_counter() - t1
-                    last = rollout_id + 1 == d.num_rollout
-                    if cfg.ckpt.save and (last or (cfg.ckpt.save_interval and (rollout_id + 1) % cfg.ckpt.save_interval == 0)):
+                    # Logged before the checkpoint: a run killed after its save has no unlogged training step.
+                    tracker.log(metrics, step=step)
+                    if cfg.ckpt.save and (step == d.num_rollout or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
                         _save(cfg, workers, manager, rollout_id, save_checkpoint)
+                    after: dict[str, float] = {}
                     if not cfg.debug.debug_rollout_only:
-                        metrics["perf/weight_sync_time"] = _update_weights(cfg, workers, manager, version=rollout_id + 1)
-                    if cfg.eval.eval_interval is not None and (last or (rollout_id + 1) % cfg.eval.eval_interval == 0):
-                        last_eval = wait(manager.eval.remote(rollout_id + 1), f"eval after rollout {rollout_id}")
-                        metrics.update(last_eval)
+                        after["perf/weight_sync_time"] = _update_weights(cfg, workers, manager, version=step)
+                    if _is_eval_step(cfg, step):
+                        last_eval = wait(manager.eval.remote(step), f"eval after rollout {rollout_id}")
+                        after.update(last_eval)
                         if not first_eval and start == 0:
                             first_eval = last_eval
-                    metrics["perf/step_time"] = time.perf_counter() - t0
-                    tracker.log(metrics, step=rollout_id + 1)
-                    print_step_summary(rollout_id + 1, metrics, num_steps=d.num_rollout)
+                    after["perf/step_time"] = time.perf_counter() - t0
+                    tracker.log(after, step=step)
+                    print_step_summary(step, {**metrics, **after}, num_steps=d.num_rollout)
                     bar.advance(task)
             status = "FINISHED"
         except KeyboardInterrupt:
@@ -158,6 +165,25 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
             tracker.finish(status=status)
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
+
+
+def _is_eval_step(cfg: EngineConfig, step: int) -> bool:
+    """Eval runs after every --eval-interval-th step and after the last one."""
+    interval = cfg.eval.eval_interval
+    return interval is not None and step > 0 and (step % interval == 0 or step == cfg.data.num_rollout)
+
+
+def _logged_eval(run_dir: Path, step: int) -> bool:
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("step") == step and any(k.startswith("eval/") for k in row):
+            return True
+    return False
 
 
 def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> float:

@@ -33,8 +33,16 @@ def dirs(work: Path, run_id: str) -> list[str]:
     return ["--model-dir", str(work / "models"), "--data-dir", str(work / "data"), "--output-dir", str(work / "runs"), "--run-id", run_id]
 
 
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def steps_logged(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sorted({row["step"] for row in rows(run_dir)})
+
+
+def eval_steps(run_dir: Path) -> list[int]:
+    return sorted({row["step"] for row in rows(run_dir) if "eval/arith/accuracy" in row})
 
 
 def final_state(run_dir: Path) -> dict:
@@ -62,7 +70,7 @@ def test_eval_of_the_final_checkpoint_equals_the_runs_last_eval(work):
     run_dir = work / "runs" / "smoke"
     if not (run_dir / "checkpoints").exists():
         run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
-    last = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    last = [r for r in rows(run_dir) if "eval/arith/accuracy" in r][-1]
     run(["eval", "--mode", "debug_minimal", *dirs(work, "smoke"), "--checkpoint", str(run_dir / "checkpoints")], work)
     written = json.loads((run_dir / "eval" / "rollout_2.json").read_text())
     for key in ["eval/arith/accuracy", "eval/arith/reward", "eval/arith/response_len_mean"]:
@@ -80,16 +88,49 @@ def test_resume_equals_uninterrupted_bit_for_bit(work):
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    ea = [json.loads(x) for x in (work / "runs/straight/metrics.jsonl").read_text().splitlines()]
-    eb = [json.loads(x) for x in (work / "runs/resumed/metrics.jsonl").read_text().splitlines()]
-    assert [e["rollout/raw_reward"] for e in ea] == [e["rollout/raw_reward"] for e in eb]
+    ea = [r["rollout/raw_reward"] for r in rows(work / "runs/straight") if "rollout/raw_reward" in r]
+    eb = [r["rollout/raw_reward"] for r in rows(work / "runs/resumed") if "rollout/raw_reward" in r]
+    assert ea == eb and len(ea) == 4
 
 
 @pytest.mark.slow
 def test_default_full_train_learns(work):
     r = run(["full-train", *dirs(work, "default")], work, timeout=1200)
-    rows = [json.loads(x) for x in (work / "runs/default/metrics.jsonl").read_text().splitlines()]
-    evals = [row["eval/arith/accuracy"] for row in rows if "eval/arith/accuracy" in row]
-    rewards = [row["rollout/raw_reward"] for row in rows if "rollout/raw_reward" in row]
+    logged = rows(work / "runs/default")
+    evals = [row["eval/arith/accuracy"] for row in logged if "eval/arith/accuracy" in row]
+    rewards = [row["rollout/raw_reward"] for row in logged if "rollout/raw_reward" in row]
     assert sum(rewards[-20:]) / 20 > sum(rewards[:20]) / 20 + 0.1, "training reward did not climb"
     assert evals[-1] >= evals[0], r.stdout[-2000:]
+
+
+def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work):
+    """SIGKILL the whole run once a checkpoint exists; the same command resumes and ends bit-identical."""
+    import os
+    import signal
+    import time
+
+    common = ["--mode", "debug_minimal", "--skip-eval-before-train", "--num-rollout", "4"]
+    args = ["full-train", *common, "--save-interval", "1", *dirs(work, "killed")]
+    ckpt = work / "runs" / "killed" / "checkpoints"
+    proc = subprocess.Popen(MILES + args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "iter_0000001").exists():
+            assert proc.poll() is None, "the run ended before its second checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    r = run(args, work)
+    resumed_from = int(r.stdout.split("Resumed from the checkpoint of rollout ")[1].split(".")[0])
+    assert resumed_from >= 1
+    if not (work / "runs" / "straight").exists():
+        run(["full-train", *common, "--save-interval", "2", *dirs(work, "straight")], work)
+    a, b = final_state(work / "runs" / "straight"), final_state(work / "runs" / "killed")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert steps_logged(work / "runs" / "killed") == [1, 2, 3, 4]
+    assert eval_steps(work / "runs" / "killed") == eval_steps(work / "runs" / "straight") == [2, 4]
+    train_rows = lambda name: [r["rollout/raw_reward"] for r in rows(work / "runs" / name) if "rollout/raw_reward" in r]
+    assert train_rows("killed") == train_rows("straight")
