@@ -18,6 +18,9 @@ Use:
         model = GPTModel(...)
 
     ensure_cpu_compat()             # idempotent, process-wide (a worker process that stays on CPU)
+
+    with quiet_megatron_import():   # no "Transformer Engine and Apex are not installed" warnings
+        from megatron.core import dist_checkpointing
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import warnings
 from typing import Any, Callable, Iterator
 
 SUPPORTED_VERSION = "0.16.1"
@@ -34,10 +38,24 @@ _ORIGINALS: dict[tuple[str, str], Any] = {}
 _RNG_WAS_PATCHED = False
 
 
+# Warnings megatron-core 0.16.1 emits on import when TransformerEngine/Apex are absent (always the
+# case on CPU): expected, and nothing a user can act on.
+_EXPECTED_IMPORT_WARNINGS = r"Transformer Engine and Apex are not installed"
+
+
+@contextlib.contextmanager
+def quiet_megatron_import() -> Iterator[None]:
+    """Import megatron-core modules inside this block without its expected no-TE/no-Apex warnings."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_EXPECTED_IMPORT_WARNINGS, category=UserWarning)
+        yield
+
+
 def megatron_version() -> str:
     """The installed megatron-core version, or raise if it is missing."""
     try:
-        from megatron.core import __version__  # megatron-core is light to import (no CUDA init)
+        with quiet_megatron_import():
+            from megatron.core import __version__  # megatron-core is light to import (no CUDA init)
     except ImportError as e:  # pragma: no cover - the package is a hard dependency
         raise RuntimeError("megatron-core is not installed; install miles with its dependencies") from e
     return __version__

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import warnings
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +138,21 @@ def test_a_tensor_unlike_its_plan_is_an_internal_error(tmp_path):
 def test_plan_shapes_are_the_config_shapes(tmp_path):
     shape, mg = _model(tmp_path, "qwen2")
     assert {n: tuple(t.shape) for n, t in mg.items()} == megatron_shapes(shape)
+
+
+def test_converting_does_not_import_megatron_core(tmp_path):
+    # megatron-core's import costs about 4 s and brings its CPU caveats; both conversions avoid it.
+    make_hf_model("qwen3", tmp_path / "hf")
+    code = (
+        "import sys\n"
+        "from miles.ckpt.convert import run_convert\n"
+        "from miles.config.convert import ConvertOptions\n"
+        f"run_convert(ConvertOptions(hf_checkpoint='{tmp_path}/hf', save='{tmp_path}/td'), progress=False)\n"
+        f"run_convert(ConvertOptions(from_format='torch_dist', to_format='hf', load='{tmp_path}/td', save='{tmp_path}/back'), progress=False)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('megatron')}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2] == "[]"
+    assert (tmp_path / "back" / "model.safetensors.index.json").is_file()

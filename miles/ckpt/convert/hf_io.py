@@ -110,7 +110,13 @@ class HFReader:
                             f"{_short(problems, 8)}; the checkpoint is partial or the config is wrong.")
 
     def get(self, name: str) -> torch.Tensor:
-        return self._handle(self.weight_map[name]).get_tensor(name)
+        from safetensors import safe_open
+
+        # A fresh handle per tensor, closed at once: safe_open maps the whole file, and pages read
+        # through a long-lived handle stay resident (and counted in the process RSS) until it closes,
+        # which for a full pass is the whole checkpoint. Header queries keep the cached handles.
+        with safe_open(self.directory / self.weight_map[name], framework="pt") as f:
+            return f.get_tensor(name)
 
     def dtype(self, name: str) -> torch.dtype:
         """The stored dtype, from the safetensors header (no data is read)."""

@@ -9,17 +9,19 @@ LAST, then rename `<tmp>` to `--save`.
 torch_dist -> HF: read one layer at a time, map back, stream into planned safetensors shards, copy
 config/tokenizer files, write `model.safetensors.index.json` LAST, rename.
 
-An interrupted run leaves only a hidden `.<name>.tmp-<pid>` directory, never something that looks
-complete. `prepare_torch_dist` is the sentinel-guarded step `miles full-train` calls.
+An interrupted run leaves only a hidden `.<name>.tmp-<host>-<pid>` directory, never something that
+looks complete; the next conversion to the same output on that host removes it. `prepare_torch_dist` is the sentinel-guarded step `miles full-train` calls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -53,7 +55,8 @@ def run_convert(opts: ConvertOptions, *, progress: bool = True) -> Path:
     if out.exists() and not opts.force:
         raise UserError(f"--save {out} exists but is not a complete {opts.to_format} checkpoint; pass --force to replace it or choose another directory.", option="--save")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    _remove_stale_tmp(out)
+    tmp = out.parent / f"{_tmp_prefix(out)}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -82,6 +85,32 @@ def prepare_torch_dist(hf_checkpoint: str | Path, save: str | Path, *, expected_
     opts = ConvertOptions(from_format="hf", to_format="torch_dist", hf_checkpoint=str(hf_checkpoint), save=str(save),
                           force=force, tensor_model_parallel_size=tensor_model_parallel_size)
     return run_convert(opts, progress=progress)
+
+
+def _tmp_prefix(out: Path) -> str:
+    # The host is in the name so that a run on another node sharing the file system is never
+    # mistaken for a dead one here.
+    return f".{out.name}.tmp-{socket.gethostname()}-"
+
+
+def _remove_stale_tmp(out: Path) -> None:
+    """Delete temporary directories left by killed conversions of `out` on this host."""
+    prefix = _tmp_prefix(out)
+    for stale in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = stale.name[len(prefix):]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+            _print(f"removed {stale.name}, left by an interrupted conversion (process {pid} is gone)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _replace(tmp: Path, out: Path) -> None:

@@ -12,8 +12,8 @@ is torch DCP's public `torch.distributed.checkpoint.save` (no process group need
 planner and streaming storage writer of dcp_stream.py; a new `__0_N.distcp` file starts every
 `file_bytes`. The on-disk format is torch DCP's own; tests check that the `.metadata` index equals
 the one megatron-core's `dist_checkpointing.save` writes for the same tensors, and that
-`dist_checkpointing.load` reads the result into a GPTModel at TP1 and TP2. megatron-core supplies
-`metadata.json` (`save_config`) and the file names; no megatron-core CPU patch is needed to save.
+`dist_checkpointing.load` reads the result into a GPTModel at TP1 and TP2. Converting does not import
+megatron-core at all (nor need its CPU patches); the tests use it as the oracle.
 
 What it is not: a writer for training checkpoints (optimizer state, several ranks): conversion runs in
 one process and writes whole (TP=1) tensors; megatron-core slices them at load time.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from miles.ckpt.convert.families import ModelShape
-from miles.ckpt.convert.layout import extra_state_keys, megatron_shapes, sharded_key
+from miles.ckpt.convert.layout import ShardedKey, extra_state_keys, megatron_shapes, sharded_key
 from miles.ckpt.convert.mapping import rules_for
 from miles.errors import UserError
 
@@ -37,6 +37,14 @@ if TYPE_CHECKING:
     import torch
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# The two small files megatron-core's dist_checkpointing.save writes next to the DCP data
+# (megatron-core 0.16.1: core.CONFIG_FNAME with save_config's JSON, strategies.common.COMMON_STATE_FNAME).
+# Written here so that converting never imports megatron-core (about 4 s); a test compares them
+# byte for byte with megatron-core's own output.
+CONFIG = "metadata.json"
+COMMON_STATE = "common.pt"
+MEGATRON_CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+                   "common_backend_version": 1}
 # A new .distcp file is started once the current one holds this many bytes: few files for a large
 # model, and a partly written file never holds more than one tensor past this.
 FILE_BYTES = 4 * 1024**3
@@ -59,9 +67,6 @@ def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torc
     the planned shape and dtype; it is dropped as soon as its bytes are on disk.
     """
     import torch
-    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-    from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAME
     from torch.distributed.checkpoint import save
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
@@ -80,10 +85,9 @@ def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torc
                                tensor_data=TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=p.dtype),
                                                            size=torch.Size([n for _, _, n in sk.prepend] + list(p.shape)))))
     for sk in extra_state_keys(rules_for(shape), shape):
-        # The local spec's linear layers have an `_extra_state` of None, stored as megatron-core does:
-        # torch.save([data]) under the ShardedObject's unique key.
-        obj = ShardedObject(sk.key, None, tuple(n for _, _, n in sk.prepend), tuple(o for _, o, _ in sk.prepend), replica_id=0)
-        items.append(WriteItem(index=MetadataIndex(obj.unique_key), type=WriteItemType.BYTE_IO))
+        # The local spec's linear layers have an `_extra_state` of None, stored as megatron-core stores
+        # a ShardedObject: torch.save([data]) under its unique key.
+        items.append(WriteItem(index=MetadataIndex(sharded_object_key(sk)), type=WriteItemType.BYTE_IO))
 
     from miles.ckpt.convert.dcp_stream import LazyPlanner, StreamingWriter
 
@@ -99,23 +103,31 @@ def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torc
             # BaseException subclass; re-raise the original so it keeps its type and traceback.
             (original, _trace), = e.failures.values()
             raise original from None
-    torch.save({}, ckpt_dir / COMMON_STATE_FNAME)  # what megatron-core saves for a state dict with no common part
-    save_config(CheckpointingConfig("torch_dist", 1), str(ckpt_dir))  # metadata.json: the backend marker
+    torch.save({}, ckpt_dir / COMMON_STATE)  # what megatron-core saves for a state dict with no common part
+    # Last: megatron-core's marker that the directory is a complete dist checkpoint.
+    (ckpt_dir / CONFIG).write_text(json.dumps(MEGATRON_CONFIG))
+
+
+def sharded_object_key(sk: ShardedKey) -> str:
+    """megatron-core's `ShardedObject.unique_key`: `<key>/shard_<offsets>_<shape>` (dot-joined)."""
+    offsets = ".".join(str(o) for _, o, _ in sk.prepend)
+    sizes = ".".join(str(n) for _, _, n in sk.prepend)
+    return f"{sk.key}/shard_{offsets}_{sizes}"
 
 
 def resolve_checkpoint_dir(load: Path) -> Path:
     """`--load DIR` -> the directory holding the dist checkpoint (via the tracker file, like Megatron)."""
-    if (load / "metadata.json").is_file():
+    if (load / CONFIG).is_file():
         return load
     tracker = load / TRACKER
     if not tracker.is_file():
         raise UserError(
-            f"--load {load} has no {TRACKER} and no metadata.json, so it is not a (complete) torch_dist "
+            f"--load {load} has no {TRACKER} and no {CONFIG}, so it is not a (complete) torch_dist "
             "checkpoint; pass the directory written by `miles convert --to torch_dist` or a training save."
         )
     text = tracker.read_text().strip()
     sub = load / ("release" if text == "release" else f"iter_{int(text):07d}")
-    if not (sub / "metadata.json").is_file():
+    if not (sub / CONFIG).is_file():
         raise UserError(f"--load {load}: {TRACKER} points at {sub.name}, which is missing or incomplete; re-run the conversion or save.")
     return sub
 
@@ -137,7 +149,7 @@ class TorchDistReader:
     def __enter__(self) -> TorchDistReader:
         from torch.distributed.checkpoint import FileSystemReader
 
-        backend = json.loads((self.ckpt_dir / "metadata.json").read_text()).get("sharded_backend")
+        backend = json.loads((self.ckpt_dir / CONFIG).read_text()).get("sharded_backend")
         if backend != "torch_dist":
             raise UserError(f"{self.ckpt_dir} is a {backend} checkpoint; miles convert reads torch_dist only.")
         self.metadata = FileSystemReader(str(self.ckpt_dir)).read_metadata()
