@@ -50,6 +50,7 @@ def print_result(result) -> None:
             console.print(f"{key}: {before:.3f} before RL → {after:.3f} after ({after - before:+.3f})")
         else:
             console.print(f"{key}: {after:.3f}")
-    console.print(f"Outputs: {result.run_dir} (metrics.jsonl, checkpoints/, mlflow.db)")
+    written = [name for name in ("metrics.jsonl", "checkpoints", "mlflow.db", "tensorboard") if (result.run_dir / name).exists()]
+    console.print(f"Outputs: {result.run_dir} ({', '.join(written)})")
     if result.plot:
         console.print(f"Plot: {result.plot}")

@@ -26,10 +26,14 @@ def print_options_table(inv) -> None:
     table.add_column("Option", style="cyan", no_wrap=True)
     table.add_column("Value", overflow="fold")
     table.add_column("Source", style="dim")
+    recipe_fields = {f.name for f in dataclasses.fields(inv.options)}
     for f in dataclasses.fields(inv.options):
-        table.add_row("--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), "recipe option")
+        source = inv.recipe_sources.get(f.name, "recipe default")
+        table.add_row("--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), source)
     last_panel = None
     for s in option_specs():
+        if s.name in recipe_fields:  # set through the recipe option of the same name, shown above
+            continue
         if s.panel != last_panel:
             table.add_section()
             last_panel = s.panel

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +21,7 @@ import typer
 
 from miles.config.engine import OptionSpec, option_specs, specs_of
 from miles.config.resolve import build_config, effective_default, resolve
-from miles.config.values import parse_engine_argv, parse_scalar
+from miles.config.values import parse_engine_argv, parse_scalar, split_args
 from miles.errors import UserError
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.output import print_options_table
@@ -42,19 +41,34 @@ def recipe_specs(recipe: ModuleType) -> list[OptionSpec]:
     return specs_of(recipe.Options, "recipe", "Recipe")
 
 
-def engine_specs_for(recipe: ModuleType) -> list[OptionSpec]:
-    """Engine options exposed as flags: all, except those a recipe option of the same name controls."""
+# What `miles eval` reads: the model, how to sample, the eval datasets and how to score them. Training
+# options are not flags of `eval` (they would be accepted and ignored).
+EVAL_OPTIONS = frozenset(
+    {
+        "device", "hf_checkpoint", "rollout_backend", "rollout_temperature", "rollout_top_p", "rollout_top_k",
+        "rollout_max_context_len", "rollout_max_prompt_len", "rollout_max_response_len", "rollout_stop",
+        "rollout_stop_token_ids", "rollout_skip_special_tokens", "rollout_seed", "rollout_max_batch_size",
+        "input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template", "apply_chat_template_kwargs",
+        "eval_prompt_data", "eval_input_key", "eval_label_key", "n_samples_per_eval_prompt", "eval_temperature",
+        "eval_top_p", "eval_top_k", "eval_max_response_len", "rm_type", "reward_key", "eval_reward_key", "group_rm",
+        "rm_url", "rm_timeout", "rm_max_retries", "custom_rm_path",
+    }
+)
+
+
+def engine_specs_for(recipe: ModuleType, command: Command = "train") -> list[OptionSpec]:
+    """Engine options exposed as flags of `command`, except those a recipe option of the same name controls."""
     taken = {s.name for s in recipe_specs(recipe)}
-    return [s for s in option_specs() if s.name not in taken]
+    return [s for s in option_specs() if s.name not in taken and (command != "eval" or s.name in EVAL_OPTIONS)]
 
 
 def recipe_defaults(recipe: ModuleType) -> RecipeOptions:
     return recipe.Options().resolve()
 
 
-def engine_defaults(recipe: ModuleType, plan: RecipePlan) -> dict[str, Any]:
+def engine_defaults(recipe: ModuleType, plan: RecipePlan, command: Command = "train") -> dict[str, Any]:
     """The default each engine flag really has under this recipe (before derived rules)."""
-    return {s.name: plan.engine.get(s.name, effective_default(s.name)) for s in engine_specs_for(recipe)}
+    return {s.name: plan.engine.get(s.name, effective_default(s.name)) for s in engine_specs_for(recipe, command)}
 
 
 @dataclasses.dataclass
@@ -67,6 +81,7 @@ class Invocation:
     plan: RecipePlan
     config: Any  # EngineConfig
     sources: dict[str, str]
+    recipe_sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def resolve_invocation(
@@ -80,13 +95,29 @@ def resolve_invocation(
     plan = recipe.plan(options)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    recipe_flags = {s.flag for s in recipe_specs(recipe)}
+    allowed = {s.name for s in engine_specs_for(recipe, command)}
+
+    def parse(tokens: list[str], where: str) -> dict[str, Any]:
+        values = parse_engine_argv(tokens, where=where, recipe_flags=recipe_flags)
+        for name in values:
+            if name not in allowed and name not in recipe_flags:
+                flag = "--" + name.replace("_", "-")
+                raise UserError(f"{flag} in {where} is not an option of `miles {command}` (it only matters when training).", option=flag)
+        return values
+
     layers = [
         ("recipe", dict(plan.engine)),
         ("command line", cli_engine_values),
-        ("--extra-args", parse_engine_argv(shlex.split(options.extra_args), where="--extra-args")),
-        ("after --", parse_engine_argv(passthrough, where="the arguments after --")),
+        ("--extra-args", parse(split_args(options.extra_args, where="--extra-args"), "--extra-args")),
+        ("after --", parse(passthrough, "the arguments after --")),
     ]
     for source, layer in layers:
+        # --num-rollout and --num-epoch are alternatives: the one given in a later layer replaces the other.
+        for a, b in (("num_epoch", "num_rollout"), ("num_rollout", "num_epoch")):
+            if layer.get(a) is not None and b not in layer:
+                values.pop(b, None)
+                sources.pop(b, None)
         values.update(layer)
         sources.update({k: source for k in layer})
     cfg = build_config(values)
@@ -98,12 +129,17 @@ def resolve_invocation(
     return Invocation(command, recipe, options, plan, cfg, sources)
 
 
+def _source_label(source: Any) -> str:
+    name = getattr(source, "name", "")
+    return {"COMMANDLINE": "command line", "ENVIRONMENT": "env MILES_SCRIPT_*"}.get(name, "recipe default")
+
+
 def build_run_command(command: Command, recipe: ModuleType):
     """A Typer command function for `command` whose options are this recipe's and the engine's."""
     r_specs = recipe_specs(recipe)
-    e_specs = engine_specs_for(recipe)
+    e_specs = engine_specs_for(recipe, command)
     r_defaults = recipe_defaults(recipe)
-    e_defaults = engine_defaults(recipe, recipe.plan(r_defaults))
+    e_defaults = engine_defaults(recipe, recipe.plan(r_defaults), command)
 
     params: list[inspect.Parameter] = [
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
@@ -157,12 +193,14 @@ def build_run_command(command: Command, recipe: ModuleType):
         with user_errors_exit_2():
             options = recipe.Options(**{n: kwargs[n] for n in recipe_names})
             cli_values = commandline_values(ctx, kwargs, engine_names)
+            recipe_sources = {n: _source_label(ctx.get_parameter_source(n)) for n in recipe_names}
             passthrough = list(ctx.args)
             if passthrough and "--" not in sys.argv[1:]:
                 raise UserError(
                     f"Unexpected argument {passthrough[0]!r}; engine flags go after `--` or in --extra-args.",
                 )
             inv = resolve_invocation(command, recipe, options, cli_values, passthrough)
+            inv.recipe_sources = recipe_sources
             print_options_table(inv)
             if kwargs["dry_run"]:
                 from miles_cli.output import print_plan

@@ -23,6 +23,7 @@ class Options(RecipeOptions):
     model_name: str = option(NAME, help=RecipeOptions.__dataclass_fields__["model_name"].metadata["help"])
     num_gpus_per_node: int = option(8, help="Devices per node.")
     prompt_file: str = option("dapo-math-17k.jsonl", help="Prompt file inside --data-dir (JSONL with prompt and label keys).")
+    eval_file: str = option("aime-2024.jsonl", help="Eval file inside --data-dir (JSONL with prompt and label keys).")
     task: Literal["math"] = option("math", help="Task: math prompts scored by the math verifier.")
 
 
@@ -44,6 +45,9 @@ def plan(o: Options) -> RecipePlan:
         "rollout_max_response_len": 64 if debug else 8192,
         "rollout_temperature": 1.0,
         "rollout_shuffle": True,
+        "eval_prompt_data": ["aime", f"{o.data_dir}/{o.eval_file}"],
+        "eval_interval": 20,
+        "n_samples_per_eval_prompt": 1 if debug else 16,
         "eps_clip_high": 0.28,
         "lr": 1e-6,
         "weight_decay": 0.1,
@@ -53,8 +57,8 @@ def plan(o: Options) -> RecipePlan:
         "save_interval": 20,
         "actor_num_nodes": o.num_nodes,
         "actor_num_gpus_per_node": o.num_gpus_per_node,
-        "num_gpus_per_node": o.num_gpus_per_node,
         "colocate": True,
+        "device": "cpu" if o.hardware == "cpu" else "auto",
         "train_backend": o.train_backend,
         "deterministic_mode": o.train_deterministic,
     }

@@ -12,8 +12,7 @@ from typing import Literal
 from miles.config.fields import Derived, option
 
 
-def _actor_devices(c) -> int:
-    return c.cluster.actor_num_nodes * c.cluster.actor_num_gpus_per_node
+_ONE_ENGINE = "the built-in engine runs as one engine on one device; several engines need the SGLang backend, not built yet"
 
 
 @dataclass
@@ -23,21 +22,24 @@ class ClusterConfig:
         8, help="Devices per node for the training actors (on CPU: data-parallel worker processes)."
     )
     rollout_num_gpus: int | None = option(
-        help="Total devices for the rollout engines.",
-        derived=Derived(
-            "--actor-num-nodes × --actor-num-gpus-per-node under --colocate, else --rollout-num-gpus-per-engine",
-            lambda c: _actor_devices(c) if c.cluster.colocate else c.cluster.rollout_num_gpus_per_engine,
-        ),
+        None,
+        help="Total devices for the rollout engines; unset = one engine on one device.",
+        unsupported=_ONE_ENGINE,
     )
-    rollout_num_gpus_per_engine: int = option(1, help="Devices per rollout engine (the engine's tensor-parallel size).")
-    num_gpus_per_node: int = option(8, help="Devices per node, used to lay out engines that span nodes.")
+    rollout_num_gpus_per_engine: int = option(
+        1, help="Devices per rollout engine (the engine's tensor-parallel size).", unsupported=_ONE_ENGINE
+    )
     colocate: bool = option(
-        False, help="Put the training actors and the rollout engines on the same devices, taking turns."
+        False,
+        help=(
+            "On GPU, the training actors and the rollout engine share devices and take turns; without it each "
+            "gets its own device. On CPU both are processes on the same cores either way."
+        ),
     )
     offload_train: bool | None = option(
         help=(
-            "Move the training actors' weights and optimizer state out of device memory while the rollout "
-            "engines generate (no effect on CPU, where they already live in host memory)."
+            "Move the training actors' weights and optimizer state to host memory while the rollout engine "
+            "generates (no effect on CPU, where they already live in host memory)."
         ),
         derived=Derived(
             "true under --colocate, else false; an explicit --no-offload-train is respected",
@@ -46,8 +48,7 @@ class ClusterConfig:
     )
     offload_rollout: bool | None = option(
         help=(
-            "Release the rollout engines' weights and KV cache from device memory while the actors train "
-            "(no effect on CPU)."
+            "Move the rollout engine's weights to host memory while the actors train (no effect on CPU)."
         ),
         derived=Derived(
             "true under --colocate, else false; an explicit --no-offload-rollout is respected",

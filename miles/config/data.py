@@ -28,9 +28,10 @@ class DataConfig:
     tool_key: str = option("tools", help="Key of the tool specifications passed to the chat template.")
     apply_chat_template: bool = option(False, help="Format prompts with the tokenizer's chat template.")
     apply_chat_template_kwargs: str = option("{}", help="JSON object of extra keyword arguments for the chat template.")
-    num_rollout: int | None = option(None, help="Rollout steps to run; give this or --num-epoch.")
+    num_rollout: int | None = option(None, help="Rollout steps to run; replaces a --num-epoch given earlier (e.g. by the recipe).")
     num_epoch: int | None = option(
-        None, help="Passes over the prompt dataset; sets --num-rollout to epochs × dataset size ÷ --rollout-batch-size."
+        None,
+        help="Passes over the prompt dataset: sets --num-rollout to epochs × dataset size ÷ --over-sampling-batch-size; replaces a --num-rollout given earlier (e.g. by the recipe).",
     )
     rollout_batch_size: int | None = option(None, help="Prompt groups per rollout step.")
     n_samples_per_prompt: int = option(1, help="Responses generated per prompt (the group size of GRPO).")

@@ -51,10 +51,16 @@ def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
                 f"remove the flag (default {format_value(spec.default)}).",
                 option=spec.flag,
             )
+    fill_derived(cfg)
+    _check(cfg, purpose)
+    return cfg
+
+
+def fill_derived(cfg: EngineConfig) -> EngineConfig:
+    """Set every derived option that is still unset from its declared rule (in declaration order)."""
     for spec in option_specs():
         if spec.derived is not None and cfg.get(spec.name) is None:
             cfg.set(spec.name, spec.derived.rule(cfg))
-    _check(cfg, purpose)
     return cfg
 
 
@@ -76,7 +82,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "--rollout-backend sglang cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
         "--rollout-backend",
     )
-    for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "num_gpus_per_node"):
+    for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(
         c.actor_num_nodes == 1,
@@ -110,6 +116,28 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     if cfg.ckpt.save_interval is not None:
         _require(cfg.ckpt.save_interval >= 1, "--save-interval must be at least 1.", "--save-interval")
         _require(cfg.ckpt.save is not None, "--save-interval needs --save DIR; add it or drop --save-interval.", "--save-interval")
+    o, k, t = cfg.optimizer, cfg.ckpt, cfg.tracking
+    _require(r.rollout_top_k == -1 or r.rollout_top_k >= 1, "--rollout-top-k must be -1 (off) or at least 1.", "--rollout-top-k")
+    for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
+        _require(getattr(o, name) >= 0, f"--{name.replace('_', '-')} must be >= 0.", f"--{name.replace('_', '-')}")
+    _require(o.lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0.", "--lr-warmup-iters")
+    _require(cfg.eval.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt must be at least 1.", "--n-samples-per-eval-prompt")
+    _require(cfg.eval.eval_temperature >= 0, "--eval-temperature must be >= 0 (0 = greedy).", "--eval-temperature")
+    _require(cfg.eval.eval_max_response_len >= 1, "--eval-max-response-len must be at least 1.", "--eval-max-response-len")
+    _require(1 <= t.prometheus_port <= 65535, "--prometheus-port must be a TCP port (1-65535).", "--prometheus-port")
+    for name in ("save", "load", "save_hf"):
+        value = getattr(k, name)
+        _require(value is None or value.strip() != "", f"--{name.replace('_', '-')} is empty; give a directory or drop the flag.", f"--{name.replace('_', '-')}")
+    if k.keep_last_checkpoints is not None:
+        _require(k.keep_last_checkpoints >= 1, "--keep-last-checkpoints must be at least 1 (unset keeps all).", "--keep-last-checkpoints")
+    for flag, pattern in (("--save-hf", k.save_hf), ("--save-debug-rollout-data", cfg.debug.save_debug_rollout_data)):
+        if pattern:
+            try:
+                pattern.format(rollout_id=0)
+            except (KeyError, IndexError, ValueError) as e:
+                raise UserError(
+                    f"{flag} {pattern!r} has a placeholder other than {{rollout_id}} ({e}); use {{rollout_id}} or none.", option=flag
+                ) from None
     cfg.algo.check(d.n_samples_per_prompt)
     cfg.reward.check()
     if purpose == "eval":
@@ -125,6 +153,8 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "Give exactly one of --num-rollout and --num-epoch.",
         "--num-rollout",
     )
+    _require(d.num_rollout is None or d.num_rollout >= 1, "--num-rollout must be at least 1 (to only evaluate, use `miles eval`).", "--num-rollout")
+    _require(d.num_epoch is None or d.num_epoch >= 1, "--num-epoch must be at least 1.", "--num-epoch")
     _require(d.rollout_batch_size is not None and d.rollout_batch_size >= 1, "--rollout-batch-size is required (≥ 1).", "--rollout-batch-size")
     _require(d.num_steps_per_rollout >= 1, "--num-steps-per-rollout must be at least 1; lower --global-batch-size.", "--num-steps-per-rollout")
     samples = d.rollout_batch_size * d.n_samples_per_prompt

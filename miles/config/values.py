@@ -49,7 +49,17 @@ def unknown_flag_error(flag: str, known: Iterable[str], *, where: str) -> UserEr
     return UserError(f"No such option {flag} in {where}.{hint}", option=flag)
 
 
-def parse_engine_argv(tokens: list[str], *, where: str) -> dict[str, Any]:
+def split_args(text: str, *, where: str) -> list[str]:
+    """Split a flags string the way a shell would; an unbalanced quote is a user error."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise UserError(f"{where} {text!r} cannot be split into flags ({e}); balance its quotes.", option=where) from None
+
+
+def parse_engine_argv(tokens: list[str], *, where: str, recipe_flags: Iterable[str] = ()) -> dict[str, Any]:
     """Parse engine flags (`--rollout-batch-size 8 --colocate --no-offload-train ...`) into `{field: value}`.
 
     Later occurrences win, as on a command line.
@@ -69,6 +79,8 @@ def parse_engine_argv(tokens: list[str], *, where: str) -> dict[str, Any]:
             continue
         spec = by_flag.get(flag)
         if spec is None:
+            if flag in recipe_flags:
+                raise UserError(f"{flag} is a recipe option, not an engine flag; give it on the command line, not in {where}.", option=flag)
             raise unknown_flag_error(flag, list(by_flag) + list(negations), where=where)
         source = f"{flag} in {where}"
         if spec.kind in ("bool", "tristate"):

@@ -85,7 +85,7 @@ def type_cell(fd: FlagDoc) -> str:
 def flags_table(command: str, flags: list[FlagDoc], only: dict[str, str] | None = None) -> list[str]:
     lines = ["| Option | Type | Default | Description |", "|---|---|---|---|"]
     for fd in flags:
-        note = f" Only for `miles {only[fd.flag]}`." if only and fd.flag in only else ""
+        note = f" Only for {only[fd.flag]}." if only and fd.flag in only else ""
         lines.append(f"| {flag_cell(command, fd)} | {type_cell(fd)} | {default_cell(fd)} | {help_cell(fd)}{note} |")
     return lines
 
@@ -112,7 +112,7 @@ def command_section(title: str, commands: list[CommandDoc]) -> list[str]:
         for fd in c.flags:
             union.setdefault(fd.flag, fd)
             owners.setdefault(fd.flag, []).append(c.name)
-    only = {f: ", ".join(o) for f, o in owners.items() if len(o) < len(commands)}
+    only = {f: ", ".join(f"`miles {name}`" for name in o) for f, o in owners.items() if len(o) < len(commands)}
     if not union:
         return lines + ["No options besides `--help`.", ""]
     for panel, flags in by_panel(list(union.values())):

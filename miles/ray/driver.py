@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.config.engine import EngineConfig
+from miles.config.resolve import fill_derived
 from miles.errors import StepFailed, UserError
 
 ACTOR_START_TIMEOUT_S = 600.0
@@ -30,10 +31,17 @@ def wait(refs, what: str, timeout: float = STEP_TIMEOUT_S):
     """`ray.get` with a timeout and a message that says what was being waited for."""
     import ray
 
+    from miles.ray.hosting import unwrap_user_error
+
     try:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise StepFailed(f"timed out after {timeout:.0f} s waiting for {what}") from None
+    except ray.exceptions.RayTaskError as e:
+        user_error = unwrap_user_error(e)
+        if user_error is not None:
+            raise user_error from None
+        raise
 
 
 @dataclasses.dataclass
@@ -73,6 +81,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     import ray
 
     from miles.ckpt.trainer_checkpoint import load_latest_checkpoint, save_checkpoint
+    from miles.ray.hosting import remote_object
     from miles.ray.rollout_manager import RolloutManager, pick_device
     from miles.ray.train_group import TrainWorker, free_port
     from miles.tracking import Tracker
@@ -82,22 +91,37 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
     device = pick_device(cfg.cluster.device)
-    # Colocated actors take turns on the same devices: give each a fraction of a CPU so they fit.
-    cpu_each = 0.5 if cfg.cluster.colocate else 1.0
+    # Colocated actors take turns on the same devices: each asks for half a device (and half a CPU) so
+    # Ray places a trainer and the engine together; separate placement gives each a whole device.
+    share = 0.5 if cfg.cluster.colocate else 1.0
     num_cpus = max(os.cpu_count() or 1, world + 1)
+    options: dict[str, Any] = {"num_cpus": share}
+    if device == "cuda":
+        options["num_gpus"] = share
+        needed = world * share + share
+        visible = torch_device_count()
+        if visible < needed:
+            raise UserError(
+                f"this run needs {needed:g} GPUs ({world} training workers + the rollout engine"
+                f"{', colocated' if cfg.cluster.colocate else ', each on its own device'}) but {visible} are visible; "
+                "add --colocate or lower --actor-num-gpus-per-node.",
+                option="--colocate",
+            )
 
     with ray_session(cfg, env or {}, num_cpus):
-        RM = ray.remote(num_cpus=cpu_each)(RolloutManager)
-        TW = ray.remote(num_cpus=cpu_each)(TrainWorker)
-        manager = RM.remote(cfg)
-        port = free_port()
-        workers = [TW.remote(cfg, rank=r, world_size=world, master_port=port, device=device) for r in range(world)]
-        wait([manager.num_prompts.remote()] + [w.ready.remote() for w in workers], "the rollout manager and training workers to start", ACTOR_START_TIMEOUT_S)
-
+        manager = remote_object(RolloutManager, cfg, actor_options=options)
+        wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         d = cfg.data
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
-            d.num_rollout = max(1, num_prompts * d.num_epoch // d.rollout_batch_size)
+            d.num_rollout = max(1, num_prompts * d.num_epoch // cfg.rollout.over_sampling_batch_size)
+            fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
+        port = free_port()
+        workers = [
+            remote_object(TrainWorker, cfg, rank=r, world_size=world, master_port=port, device=device, actor_options=options)
+            for r in range(world)
+        ]
+        wait([w.ready_ref for w in workers], "the training workers to load the model", ACTOR_START_TIMEOUT_S)
 
         start, resumed_from = 0, None
         if cfg.ckpt.load:
@@ -115,8 +139,11 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         status = "FAILED"
         first_eval: dict[str, float] = {}
         last_eval: dict[str, float] = {}
+        c = cfg.cluster
         try:
-            sync_time = _update_weights(cfg, workers, manager, version=start)
+            _update_weights(cfg, workers, manager, version=start)
+            if c.offload_train:
+                _each(workers, "offload", "the trainer to move to host memory")
             if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
                 first_eval = wait(manager.eval.remote(0), "eval before training")
                 tracker.log({**first_eval, "eval/step": 0}, step=0)
@@ -134,6 +161,10 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                     metrics = dict(out["metrics"])
                     if not cfg.debug.debug_rollout_only:
                         t1 = time.perf_counter()
+                        if c.offload_rollout:
+                            wait(manager.offload.remote(), "the rollout engine to move to host memory")
+                        if c.offload_train:
+                            _each(workers, "onload", "the trainer to move back to the device")
                         results = wait([w.train.remote(out["train_data"], rollout_id) for w in workers], f"training on rollout {rollout_id}")
                         metrics.update(results[0])
                         metrics["perf/train_time"] = time.perf_counter() - t1
@@ -143,7 +174,11 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                         _save(cfg, workers, manager, rollout_id, save_checkpoint)
                     after: dict[str, float] = {}
                     if not cfg.debug.debug_rollout_only:
+                        if c.offload_rollout:
+                            wait(manager.onload.remote(), "the rollout engine to move back to the device")
                         after["perf/weight_sync_time"] = _update_weights(cfg, workers, manager, version=step)
+                        if c.offload_train:
+                            _each(workers, "offload", "the trainer to move to host memory")
                     if _is_eval_step(cfg, step):
                         last_eval = wait(manager.eval.remote(step), f"eval after rollout {rollout_id}")
                         after.update(last_eval)
@@ -165,6 +200,16 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
             tracker.finish(status=status)
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
+
+
+def torch_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _each(workers, method: str, what: str) -> None:
+    wait([getattr(w, method).remote() for w in workers], what)
 
 
 def _is_eval_step(cfg: EngineConfig, step: int) -> bool:

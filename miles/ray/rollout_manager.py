@@ -13,6 +13,7 @@ uninterrupted run would have.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import time
@@ -26,6 +27,7 @@ from miles.errors import UserError
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import GenerateRequest, SamplingParams
 from miles.rollout.engine.builtin import BuiltinEngine
+from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.rm_hub import compute_group_rewards
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
@@ -35,6 +37,13 @@ from miles.utils.load_function import load_function
 def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "train") -> int:
     digest = hashlib.sha256(f"{purpose}:{base}:{rollout_id}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def _as_fresh(s: Sample) -> Sample:
+    """A sample given back to the data source: its prompt and numbering, no response."""
+    return dataclasses.replace(
+        s, tokens=[], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None
+    )
 
 
 def pick_device(device: str) -> str:
@@ -75,7 +84,7 @@ class RolloutManager:
                 max_prompt_len=r.rollout_max_prompt_len,
                 flag="--eval-prompt-data",
             )
-        self.dynamic_filter = load_function(r.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path")
+        self.dynamic_filter = load_group_filter(r.dynamic_sampling_filter_path)
         rw = cfg.reward
         self.reward_post_process = load_function(rw.custom_reward_post_process_path, flag="--custom-reward-post-process-path")
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
@@ -84,30 +93,23 @@ class RolloutManager:
     def num_prompts(self) -> int:
         return len(self.dataset)
 
-    def _sampling(self, *, temperature, top_p, top_k, max_new_tokens, seed) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            stop=r.rollout_stop,
-            stop_token_ids=r.rollout_stop_token_ids,
-            skip_special_tokens=r.rollout_skip_special_tokens,
-            seed=seed,
-        )
+    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams) -> int:
+        """Fill `samples` in place with responses; return the number of generated tokens.
 
-    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, temperature, top_p, top_k, max_new_tokens) -> int:
-        """Fill `samples` in place with responses; return the number of generated tokens."""
+        Each request gets its own seed (from --rollout-seed, the rollout id and the sample index), and
+        its new tokens are capped so prompt + response stay within --rollout-max-context-len.
+        """
+        context = self.cfg.rollout.rollout_max_context_len
         requests = []
         for s in samples:
-            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False) if isinstance(s.prompt, str) else list(s.tokens)
+            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
             s.tokens = list(prompt_ids)
+            max_new = params.max_new_tokens if context is None else max(0, min(params.max_new_tokens, context - len(prompt_ids)))
             seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
             requests.append(
                 GenerateRequest(
                     input_ids=prompt_ids,
-                    sampling_params=self._sampling(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed),
+                    sampling_params=dataclasses.replace(params, max_new_tokens=max_new, seed=seed),
                     return_logprob=True,
                 )
             )
@@ -151,26 +153,21 @@ class RolloutManager:
                 )
             groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
             flat = [s for g in groups for s in g]
-            tokens += self._generate(
-                flat,
-                rollout_id=rollout_id,
-                purpose=f"train{attempts}",
-                temperature=r.rollout_temperature,
-                top_p=r.rollout_top_p,
-                top_k=r.rollout_top_k,
-                max_new_tokens=r.rollout_max_response_len,
-            )
+            tokens += self._generate(flat, rollout_id=rollout_id, purpose=f"train{attempts}", params=SamplingParams.from_rollout_config(r))
             self._score(groups)
+            unused = []
             for g in groups:
                 if len(kept) == d.rollout_batch_size:
-                    dropped["over_sampled"] = dropped.get("over_sampled", 0) + 1
+                    unused.append(g)
                     continue
                 if self.dynamic_filter is not None:
-                    verdict = self.dynamic_filter(self.cfg, g)
+                    verdict = apply_group_filter(self.dynamic_filter, self.cfg.reward, g)
                     if not verdict.keep:
-                        dropped[verdict.reason or "filtered"] = dropped.get(verdict.reason or "filtered", 0) + 1
+                        dropped[verdict.reason] = dropped.get(verdict.reason, 0) + 1
                         continue
                 kept.append(g)
+            if unused:  # drawn but not needed: their prompts come back first next time, as fresh prompts
+                self.data_source.add_samples([[_as_fresh(s) for s in g] for g in unused])
         samples = [s for g in kept for s in g]
         train_data = samples_to_train_data(
             samples,
@@ -221,15 +218,14 @@ class RolloutManager:
                     group.append(s)
                 groups.append(group)
             flat = [s for g in groups for s in g]
-            self._generate(
-                flat,
-                rollout_id=rollout_id,
-                purpose=f"eval:{name}",
+            params = dataclasses.replace(
+                SamplingParams.from_rollout_config(self.cfg.rollout),
                 temperature=e.eval_temperature,
                 top_p=e.eval_top_p,
                 top_k=e.eval_top_k,
                 max_new_tokens=e.eval_max_response_len,
             )
+            self._generate(flat, rollout_id=rollout_id, purpose=f"eval:{name}", params=params)
             self._score(groups)
             key = self.cfg.reward.eval_reward_key
             rewards = [s.get_reward_value(key) for s in flat]
@@ -248,6 +244,16 @@ class RolloutManager:
             self.engine.update_weights_from_tensors(bucket)
         self.engine.end_weight_update(version)
         return time.perf_counter() - t0
+
+    def offload(self) -> None:
+        """--offload-rollout: engine weights to host memory while the actors train (no-op on CPU)."""
+        if self.engine.device.type != "cpu":
+            self.engine.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if self.engine.device.type != "cpu":
+            self.engine.model.to(self.engine.device)
 
     def weights_checksum(self) -> str:
         return self.engine.get_weights_checksum()

@@ -55,9 +55,6 @@ class TrainWorker:
             ref_hf_dir=cfg.ckpt.ref_load,
         )
 
-    def ready(self) -> bool:
-        return True
-
     def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
         d = self.cfg.data
         return self.trainer.train_step(
@@ -67,6 +64,26 @@ class TrainWorker:
             num_steps_per_rollout=d.num_steps_per_rollout,
             n_samples_per_prompt=d.n_samples_per_prompt,
         )
+
+    def offload(self) -> None:
+        """--offload-train: weights and optimizer state to host memory while the engine generates."""
+        self._move("cpu")
+
+    def onload(self) -> None:
+        self._move(self.trainer.device)
+
+    def _move(self, device: str) -> None:
+        if self.trainer.device == "cpu":
+            return  # already in host memory
+        for net in (self.trainer.model, self.trainer.ref_model):
+            if net is not None:
+                net.to(device)
+        for state in self.trainer.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    state[key] = value.to(device)
+        if device == "cpu":
+            torch.cuda.empty_cache()
 
     def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
         """The weights in Hugging Face naming, copied and grouped into buckets of at most `bucket_bytes`."""

@@ -1,0 +1,65 @@
+"""Run a plain object as a Ray actor so that its errors reach the driver intact.
+
+Ray reports an exception raised in an actor's constructor only as text (`ActorDiedError`), which would
+turn a user mistake found while a worker starts (a bad dataset row, a hook path that does not import)
+into a traceback. Here the actor's constructor does nothing; `setup()` builds the object, so such an
+error travels as a task error whose `cause` is the original exception, and `wait()` re-raises a
+`UserError` as itself. `remote_object(cls, ...)` returns a handle whose methods are called exactly
+like an actor's: `handle.generate.remote(rollout_id)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class _Host:
+    def setup(self, cls: type, args: tuple, kwargs: dict) -> bool:
+        self.obj = cls(*args, **kwargs)
+        return True
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.obj, name)(*args, **kwargs)
+
+
+class _Method:
+    def __init__(self, handle, name: str):
+        self._handle, self._name = handle, name
+
+    def remote(self, *args: Any, **kwargs: Any):
+        return self._handle.call.remote(self._name, *args, **kwargs)
+
+
+class RemoteObject:
+    """A Ray actor hosting one object; `obj.method.remote(...)` calls `method` on it."""
+
+    def __init__(self, handle, ready_ref):
+        self._handle = handle
+        self.ready_ref = ready_ref  # resolves once the object is built (or raises its constructor's error)
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self._handle, name)
+
+
+def remote_object(cls: type, *args: Any, actor_options: dict[str, Any] | None = None, **kwargs: Any) -> RemoteObject:
+    import ray
+
+    host = ray.remote(**(actor_options or {}))(_Host).remote()
+    return RemoteObject(host, host.setup.remote(cls, args, kwargs))
+
+
+def unwrap_user_error(error: BaseException) -> BaseException | None:
+    """The `UserError` inside a Ray task error, if that is what it carries."""
+    from ray.exceptions import RayTaskError
+
+    from miles.errors import UserError
+
+    seen = 0
+    while error is not None and seen < 5:
+        if isinstance(error, UserError) and not isinstance(error, RayTaskError):
+            return error
+        error = getattr(error, "cause", None)
+        seen += 1
+    return None
