@@ -3,17 +3,21 @@
     python bench/convert.py [--size-gb 1.0] [--dir /tmp/miles-bench-convert]
 
 Creates a random Qwen3-shaped HF checkpoint (written tensor by tensor, never a whole model in memory),
-then in the same run measures: `cp -r` of the same bytes (the baseline), HF -> torch_dist, and
-torch_dist -> HF, each in a fresh subprocess so its peak RSS (ru_maxrss) is its own (megatron's
-writer helper processes are not included).
+then in the same run measures: `cp -r` of the same bytes (the time baseline), HF -> torch_dist with
+the streaming writer, the same conversion through megatron-core's own `dist_checkpointing.save` of the
+whole mapped state dict (the memory baseline: what the converter did before streaming), and
+torch_dist -> HF. Each runs in a fresh subprocess and reports its own peak RSS (VmHWM: unlike ru_maxrss,
+it is not inherited from the forking parent across exec); megatron-core's
+writer helper process is not counted, so its row is a lower bound. `--skip-megatron` drops that row.
+"above idle" subtracts the peak RSS of an interpreter that only imported what the conversion imports.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +61,14 @@ def make_checkpoint(d: Path, size_gb: float) -> int:
     return largest
 
 
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (Linux /proc VmHWM)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
 def timed(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and the peak RSS in bytes the child reports on its last stdout line (0 for cp)."""
     t = time.perf_counter()
@@ -71,15 +83,50 @@ def child(args: list[str]) -> None:
     src, dst, direction = args
     if direction == "to_td":
         run_convert(ConvertOptions(hf_checkpoint=src, save=dst), progress=False)
+    elif direction == "to_td_megatron":
+        megatron_whole_state_dict_save(Path(src), Path(dst))
     else:
         run_convert(ConvertOptions(from_format="torch_dist", to_format="hf", load=src, save=dst), progress=False)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux reports KiB
+    print(peak_rss())
+
+
+def megatron_whole_state_dict_save(src: Path, dst: Path) -> None:
+    """The baseline: map every tensor into memory, then one megatron-core `dist_checkpointing.save`."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from miles.ckpt.convert.families import ModelShape
+    from miles.ckpt.convert.hf_io import HFReader, read_hf_config
+    from miles.ckpt.convert.layout import sharded_key
+    from miles.ckpt.convert.mapping import hf_to_megatron, rules_for
+    from miles.ckpt.megatron_compat import cpu_compat
+
+    shape = ModelShape.from_hf_config(read_hf_config(src))
+    sharded = {}
+    with HFReader(src, shape) as reader:
+        for r in rules_for(shape):
+            sk = sharded_key(r.megatron, shape)
+            t = hf_to_megatron(r, [reader.get(n) for n in r.hf], shape)
+            sharded[r.megatron] = ShardedTensor.from_rank_offsets(sk.key, t, *sk.prepend, replica_id=0,
+                                                                  prepend_axis_num=len(sk.prepend))
+    dst.mkdir(parents=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=600))
+    with cpu_compat():
+        dist_checkpointing.save(sharded, str(dst), sharded_strategy=("torch_dist", 1))
+    dist.destroy_process_group()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gb", type=float, default=1.0)
     ap.add_argument("--dir", default="/tmp/miles-bench-convert")
+    ap.add_argument("--skip-megatron", action="store_true", help="skip the megatron-core whole-state-dict baseline")
     a = ap.parse_args()
     root = Path(a.dir)
     shutil.rmtree(root, ignore_errors=True)
@@ -87,16 +134,39 @@ def main() -> None:
     total = sum(f.stat().st_size for f in (root / "hf").glob("*.safetensors"))
     cp_s, _ = timed(["cp", "-r", str(root / "hf"), str(root / "hf_copy")])
     me = [sys.executable, __file__, "--child"]
+    base_rss = int(subprocess.run([sys.executable, __file__, "--idle"], check=True, capture_output=True, text=True).stdout.split()[-1])
     td_s, td_rss = timed(me + [str(root / "hf"), str(root / "td"), "to_td"])
+    mg = None if a.skip_megatron else timed(me + [str(root / "hf"), str(root / "td_megatron"), "to_td_megatron"])
     hf_s, hf_rss = timed(me + [str(root / "td"), str(root / "back"), "to_hf"])
-    print(f"checkpoint: {total / 1e9:.2f} GB in safetensors, largest tensor {largest / 1e6:.0f} MB")
-    print(f"cp -r (baseline):     {cp_s:6.2f} s  1.00x")
-    print(f"hf -> torch_dist:     {td_s:6.2f} s  {td_s / cp_s:5.2f}x cp   peak RSS {td_rss / 1e9:.2f} GB = {td_rss / largest:.1f}x largest tensor")
-    print(f"torch_dist -> hf:     {hf_s:6.2f} s  {hf_s / cp_s:5.2f}x cp   peak RSS {hf_rss / 1e9:.2f} GB = {hf_rss / largest:.1f}x largest tensor")
+
+    def row(label: str, s: float, rss: int) -> str:
+        return (f"{label:<36}{s:6.2f} s {s / cp_s:5.2f}x cp   peak RSS {rss / 1e9:.2f} GB = {rss / largest:4.1f}x largest tensor;"
+                f" above idle: {(rss - base_rss) / 1e9:.2f} GB = {(rss - base_rss) / largest:4.1f}x")
+
+    print(f"checkpoint: {total / 1e9:.2f} GB in safetensors, largest tensor {largest / 1e6:.0f} MB; "
+          f"idle interpreter with the converter imported: {base_rss / 1e9:.2f} GB")
+    print(f"{'cp -r (time baseline)':<36}{cp_s:6.2f} s  1.00x")
+    print(row("hf -> torch_dist (streaming)", td_s, td_rss))
+    if mg is not None:
+        print(row("hf -> torch_dist (megatron save)", *mg))
+    print(row("torch_dist -> hf", hf_s, hf_rss))
+
+
+def idle() -> None:
+    """Peak RSS of an interpreter that imported what a conversion imports, and converted nothing."""
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+
+    import miles.ckpt.convert.run  # noqa: F401
+
+    print(peak_rss())
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--idle":
+        idle()
     else:
         main()

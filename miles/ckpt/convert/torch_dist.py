@@ -183,12 +183,15 @@ class TorchDistReader:
 
     def _read_one(self, name: str) -> torch.Tensor:
         import torch
-        from torch.distributed.checkpoint.metadata import MetadataIndex
 
         sk = sharded_key(name, self.shape)
         meta = self.metadata.state_dict_metadata[sk.key]
         lo = [p[1] for p in sk.prepend] + [0] * len(self.shapes[name])
         hi = [p[1] + 1 for p in sk.prepend] + list(self.shapes[name])
+        for chunk in meta.chunks:
+            if list(chunk.offsets) == lo and [o + s for o, s in zip(chunk.offsets, chunk.sizes)] == hi:
+                # Stored exactly as requested (a TP=1 save, e.g. ours): no assembly buffer, no copy.
+                return self._load_chunk(sk.key, chunk).reshape(self.shapes[name])
         out = torch.empty(self.shapes[name], dtype=meta.properties.dtype)
         view = out.reshape([1] * len(sk.prepend) + list(self.shapes[name]))
         covered = 0
@@ -198,15 +201,51 @@ class TorchDistReader:
             b = [min(x, y) for x, y in zip(hi, c_hi)]
             if any(x >= y for x, y in zip(a, b)):
                 continue
-            info = self.metadata.storage_data[MetadataIndex(sk.key, chunk.offsets)]
-            if info.transform_descriptors:
-                raise NotImplementedError(f"{sk.key}: DCP storage transforms {info.transform_descriptors} are not supported")
-            with open(self.ckpt_dir / info.relative_path, "rb") as f:
-                f.seek(info.offset)
-                data = torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
+            data = self._load_chunk(sk.key, chunk)
             src = data[tuple(slice(x - c, y - c) for x, y, c in zip(a, b, c_lo))]
             view[tuple(slice(x - l, y - l) for x, y, l in zip(a, b, lo))] = src
             covered += src.numel()
         if covered != out.numel():
             raise RuntimeError(f"{self.ckpt_dir}: stored chunks cover {covered} of {out.numel()} elements of {name}")
         return out
+
+    def _load_chunk(self, key: str, chunk) -> torch.Tensor:
+        import torch
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        info = self.metadata.storage_data[MetadataIndex(key, chunk.offsets)]
+        if info.transform_descriptors:
+            raise NotImplementedError(f"{key}: DCP storage transforms {info.transform_descriptors} are not supported")
+        # torch.load reads the record straight from the file into the tensor: no bytes copy in between.
+        with open(self.ckpt_dir / info.relative_path, "rb") as f:
+            return torch.load(_FileSlice(f, info.offset, info.length), map_location="cpu", weights_only=True)
+
+
+class _FileSlice(io.RawIOBase):
+    """A read-only, seekable window [offset, offset + length) of an open file: one torch.save archive."""
+
+    def __init__(self, f: io.BufferedReader, offset: int, length: int):
+        self._f, self._start, self._len, self._pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
+        self._pos = min(max(base + pos, 0), self._len)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self._len - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        got = self._f.readinto(memoryview(buf)[:n])
+        self._pos += got
+        return got
