@@ -7,8 +7,9 @@
 or on the command line `miles convert --from hf --to torch_dist --hf-checkpoint DIR --save OUT`
 (see docs/convert.md). Modules: `families` (supported architectures, shapes from config.json),
 `mapping` (the per-family rule tables and the pure tensor mapping), `layout` (megatron-core's sharded
-keys), `hf_io` / `torch_dist` (streaming readers and writers), `run` (the atomic, skippable driver).
-Importing this package does not import torch.
+keys), `hf_io` / `torch_dist` (streaming readers and writers; `dcp_stream` holds the torch DCP planner
+and storage writer that write one tensor at a time), `run` (the atomic, skippable driver).
+Importing this package does not import torch; converting never imports megatron-core.
 """
 
 from miles.ckpt.convert.families import ModelShape, supported_architectures, validate_megatron_args
