@@ -134,3 +134,11 @@ def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work):
     assert eval_steps(work / "runs" / "killed") == eval_steps(work / "runs" / "straight") == [2, 4]
     train_rows = lambda name: [r["rollout/raw_reward"] for r in rows(work / "runs" / name) if "rollout/raw_reward" in r]
     assert train_rows("killed") == train_rows("straight")
+
+
+def test_a_user_error_inside_a_ray_worker_exits_2(work):
+    """A bad hook path is found while the rollout manager starts in its Ray actor: exit 2, one sentence."""
+    args = ["full-train", "--mode", "debug_minimal", *dirs(work, "bad-hook"), "--dynamic-sampling-filter-path", "no_such_module.fn"]
+    r = subprocess.run(MILES + args, cwd=work, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--dynamic-sampling-filter-path" in r.stderr and "Traceback" not in r.stderr
