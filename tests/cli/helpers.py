@@ -16,7 +16,7 @@ def invoke(argv: list[str], env: dict[str, str] | None = None):
     return runner.invoke(build_app(argv), argv, env={**WIDE, **(env or {})}, catch_exceptions=False)
 
 
-_ROW = re.compile(r"^│\s+(--[a-z0-9][a-z0-9-]*)(?:\s+--no-[a-z0-9-]+)?\s+(?:<[^>]*>\s+)?(.*?)\s*│?\s*$")
+_ROW = re.compile(r"^│\s+(?:\*\s+)?(--[a-z0-9][a-z0-9-]*)(?:\s+--no-[a-z0-9-]+)?\s+(?:<[^>]*>\s+|[A-Z][A-Z=_]*\s+)?(.*?)\s*│?\s*$")
 
 
 def help_rows(output: str) -> dict[str, str]:

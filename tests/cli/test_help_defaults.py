@@ -82,3 +82,33 @@ def test_top_level_help_lists_the_commands():
     out = invoke(["--help"]).output
     for command in ["convert", "full-train", "train", "eval", "docker-build"]:
         assert f"│ {command} " in out
+
+
+def test_convert_help_defaults_equal_the_options_dataclass():
+    from miles.config.convert import ConvertOptions
+    from miles.config.engine import specs_of
+
+    rows = help_rows(invoke(["convert", "--help"]).output)
+    defaults = ConvertOptions()
+    specs = specs_of(ConvertOptions, "convert", "Convert")
+    assert len(specs) >= 9
+    for s in specs:
+        assert shown_default(rows[s.flag]) == format_value(getattr(defaults, s.name)), s.flag
+
+
+def test_docker_build_help_defaults_equal_the_function_defaults():
+    import inspect
+
+    from miles_cli.docker_build import docker_build
+
+    rows = help_rows(invoke(["docker-build", "--help"]).output)
+    for name, p in inspect.signature(docker_build).parameters.items():
+        flag = "--" + name.replace("_", "-")
+        if p.default is inspect.Parameter.empty:
+            assert rows[flag].endswith("[required]"), (flag, rows[flag])
+            continue
+        shown = shown_default(rows[flag])
+        if isinstance(p.default, bool):
+            assert shown == (flag[2:] if p.default else "no-" + flag[2:]), (flag, rows[flag])
+        else:
+            assert shown is None and p.default in (None, ""), (flag, rows[flag])  # no default printed: none exists
