@@ -5,7 +5,8 @@
     {"input": "3+5=", "label": "8"}
 
 The problem space is every `a<op>b` with operands in `0..max_operand` and ops from `ops` (single-digit
-addition by default: 100 problems). The problems are shuffled with `seed`; the first `n_eval` become
+addition by default: 100 problems; the tiny recipe uses `max_operand=99`: 10,000 two-digit additions,
+answers of 1-3 digits). The problems are shuffled with `seed`; the first `n_eval` become
 the eval split, and train rows are drawn only from the rest, so eval is held out by construction (no
 train prompt ever equals an eval prompt). When `n_train` exceeds the remaining problems, train cycles
 through them, reshuffled on each pass (every problem appears before any appears again).
@@ -18,6 +19,7 @@ Usage:
 
     from miles.prepare.arith_task import create_arith_task
     data_dir = create_arith_task("runs/tiny/data", seed=0)   # train.jsonl, eval.jsonl; skipped when complete
+    create_arith_task("runs/tiny/add99", max_operand=99, n_train=2000, n_eval=200)   # the recipe's task
 """
 
 from __future__ import annotations

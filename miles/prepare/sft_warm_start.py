@@ -2,9 +2,19 @@
 
 GRPO from random weights learns nothing on a CPU in minutes (every sample gets the same zero reward);
 a short supervised pass on prompt → answer pairs brings greedy accuracy to a level where sampled
-groups hold both right and wrong answers, which is what GRPO needs. The result is a Hugging Face
-directory written atomically (with the `.miles-complete` sentinel last), plus `sft_eval.json` with its
-greedy accuracy on the held-out split.
+groups hold both right and wrong answers, which is what GRPO needs. Each step trains on `batch_size`
+rows drawn (seeded, with replacement) from `data`, the loss on the answer tokens and `<|eos|>` only.
+The result is a Hugging Face directory written atomically (the `.miles-complete` sentinel last);
+the held-out accuracy of the warm start is the run's step-0 eval, so this step does not measure it.
+
+It is not a general SFT trainer (no epochs, eval, or checkpoints to resume from): it is a few
+seconds of training that a prepare step can redo from scratch when interrupted.
+
+Usage:
+
+    from miles.prepare.sft_warm_start import sft_warm_start
+    sft_warm_start(base_model="runs/models/base", data="runs/data/arith/train.jsonl",
+                   out_dir="runs/models/sft", steps=375, seed=0)
 """
 
 from __future__ import annotations
@@ -13,11 +23,27 @@ import json
 import random
 from pathlib import Path
 
+from miles.errors import UserError
 from miles.prepare import build_once
 
 
-def sft_warm_start(*, base_model: str, data: str, out_dir: str, steps: int, seed: int = 0, batch_size: int = 64, lr: float = 1e-3) -> Path:
-    spec = {"kind": "sft-warm-start", "base_model": str(Path(base_model).resolve()), "data": str(Path(data).resolve()), "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr}
+def sft_warm_start(
+    *, base_model: str, data: str, out_dir: str, steps: int, seed: int = 0, batch_size: int = 64, lr: float = 1e-3
+) -> Path:
+    """Train `base_model` for `steps` SFT steps on `data` (JSONL with input/label) and write it to `out_dir`.
+
+    Skipped when `out_dir` is already complete with the same arguments; a complete directory built
+    with other arguments raises `UserError`.
+    """
+    spec = {
+        "kind": "sft-warm-start",
+        "base_model": str(Path(base_model).resolve()),
+        "data": str(Path(data).resolve()),
+        "steps": steps,
+        "seed": seed,
+        "batch_size": batch_size,
+        "lr": lr,
+    }
 
     def build(tmp: Path) -> None:
         import torch
@@ -27,6 +53,7 @@ def sft_warm_start(*, base_model: str, data: str, out_dir: str, steps: int, seed
         from miles.ckpt.hf_export import export_hf
         from miles.config.algo import AlgoConfig
         from miles.config.optimizer import OptimizerConfig
+        from miles.tracking.console import progress
 
         torch.set_num_threads(1)
         tok = AutoTokenizer.from_pretrained(base_model, local_files_only=True)
@@ -36,19 +63,26 @@ def sft_warm_start(*, base_model: str, data: str, out_dir: str, steps: int, seed
             prompt = tok.encode(row["input"], add_special_tokens=False)
             answer = tok.encode(str(row["label"]), add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prompt + answer, len(answer)))
+        if not examples:
+            raise UserError(f"the SFT data file {data} holds no rows; prepare the task again or point to another file.")
         algo = AlgoConfig(loss_type="sft_loss", calculate_per_token_loss=True)
         opt = OptimizerConfig(lr=lr, lr_decay_style="constant", clip_grad=1.0, seed=seed)
-        trainer = TorchTrainer(base_model, optimizer_cfg=opt, algo_cfg=algo, micro_batch_size=batch_size, deterministic=True, seed=seed)
+        trainer = TorchTrainer(
+            base_model, optimizer_cfg=opt, algo_cfg=algo, micro_batch_size=batch_size, deterministic=True, seed=seed
+        )
         rng = random.Random(seed)
-        for step in range(steps):
-            batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
-            train_data = {
-                "tokens": [t for t, _ in batch],
-                "response_lengths": [n for _, n in batch],
-                "loss_masks": [[1] * n for _, n in batch],
-                "rewards": [0.0] * batch_size,
-            }
-            trainer.train_step(train_data, rollout_id=step, global_batch_size=batch_size)
+        with progress(transient=True) as bar:
+            task = bar.add_task("SFT warm start", total=steps)
+            for step in range(steps):
+                batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+                train_data = {
+                    "tokens": [t for t, _ in batch],
+                    "response_lengths": [n for _, n in batch],
+                    "loss_masks": [[1] * n for _, n in batch],
+                    "rewards": [0.0] * batch_size,
+                }
+                trainer.train_step(train_data, rollout_id=step, global_batch_size=batch_size)
+                bar.advance(task)
         export_hf(dict(trainer.named_weights_for_sync()), base_model, tmp)
 
     return build_once(out_dir, spec, build, what="SFT warm start")

@@ -54,13 +54,19 @@ def test_unknown_flag_suggests_the_closest():
 
 
 def test_layers_later_wins():
+    recipe = TINY.plan(TINY.Options().resolve()).engine
+    # Twice the recipe's prompts per step: the derived optimizer-step count doubles with it.
+    batch = 2 * recipe["rollout_batch_size"]
+    steps = batch * recipe["n_samples_per_prompt"] // recipe["global_batch_size"]
+    assert steps >= 2
     options = TINY.Options(extra_args="--lr 2e-4 --num-rollout 5")
-    inv = resolve_invocation("train", TINY, options, {"lr": 1e-4, "rollout_batch_size": 32}, ["--num-rollout", "7"])
+    inv = resolve_invocation("train", TINY, options, {"lr": 1e-4, "rollout_batch_size": batch}, ["--num-rollout", "7"])
     assert inv.config.optimizer.lr == 2e-4 and inv.sources["lr"] == "--extra-args"
     assert inv.config.data.num_rollout == 7 and inv.sources["num_rollout"] == "after --"
-    assert inv.config.data.rollout_batch_size == 32 and inv.sources["rollout_batch_size"] == "command line"
-    assert inv.config.data.n_samples_per_prompt == 8 and inv.sources["n_samples_per_prompt"] == "recipe"
-    assert inv.config.data.num_steps_per_rollout == 2 and inv.sources["num_steps_per_rollout"] == "derived"
+    assert inv.config.data.rollout_batch_size == batch and inv.sources["rollout_batch_size"] == "command line"
+    n = recipe["n_samples_per_prompt"]
+    assert inv.config.data.n_samples_per_prompt == n and inv.sources["n_samples_per_prompt"] == "recipe"
+    assert inv.config.data.num_steps_per_rollout == steps and inv.sources["num_steps_per_rollout"] == "derived"
 
 
 def test_command_line_beats_miles_script_env():

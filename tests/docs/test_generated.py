@@ -72,7 +72,10 @@ def test_reference_rows_state_type_default_choices_rule_env_and_unsupported(mode
 def test_recipe_sections_list_the_defaults_each_recipe_changes(model):
     text = render_cli(model)
     tiny = text.split("{#recipe-tiny-qwen3}")[1].split("### ")[0]
-    assert "| `--rollout-batch-size` | `None` | `16` |" in tiny
+    from recipes import tiny_qwen3
+
+    batch = tiny_qwen3.plan(tiny_qwen3.Options().resolve()).engine["rollout_batch_size"]
+    assert f"| `--rollout-batch-size` | `None` | `{batch}` |" in tiny
     qwen = text.split("{#recipe-qwen3-0-6b}")[1]
     assert "| `--rollout-max-response-len` | `1024` | `8192` |" in qwen
     assert 'id="run-prompt-file"' in qwen  # an option only this recipe has gets its own row
