@@ -28,6 +28,7 @@ class Options(RecipeOptions):
 
 
 def plan(o: Options) -> RecipePlan:
+    o.resolve()  # derived recipe options (run id, SFT steps) from their declared rules
     hf_dir = f"{o.model_dir}/{HF_NAMES[o.model_name]}"
     debug = o.mode == "debug_minimal"
     run = o.run_dir

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from miles.config.fields import option
+from miles.config.fields import Derived, option
 from recipes.base import PrepareStep, RecipeOptions, RecipePlan
 
 NAME = "tiny-qwen3"
@@ -42,14 +42,18 @@ class Options(RecipeOptions):
     train_deterministic: bool = option(
         True, help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights."
     )
-    sft_steps: int = option(375, help="Optimizer steps of the SFT warm start before RL.")
+    sft_steps: int | None = option(
+        help="Optimizer steps of the SFT warm start before RL.",
+        derived=Derived("375, or 2 with --mode debug_minimal", lambda o: 2 if o.mode == "debug_minimal" else 375),
+    )
     prepare_seed: int = option(
         0, help="Seed of the tiny model's initial weights, the task's train/held-out split and the SFT batches."
     )
 
 
 def plan(o: Options) -> RecipePlan:
-    steps = 2 if o.mode == "debug_minimal" else o.sft_steps
+    o.resolve()  # derived recipe options (run id, SFT steps) from their declared rules
+    steps = o.sft_steps
     seed = o.prepare_seed
     # Every parameter of a prepared directory is in its name: a changed option is a different
     # directory, never a stale reuse (build_once would refuse a mismatch anyway, but as an error).
