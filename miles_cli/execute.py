@@ -43,6 +43,8 @@ def print_result(result) -> None:
     console.rule("[bold]Run finished")
     if result.resumed_from is not None:
         console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
+        if result.resumed_from + 1 >= result.final_step:
+            console.print("The run was already complete: nothing to train. Use another --run-id for a new run.")
     for key in sorted(k for k in result.last_eval if k.endswith("/accuracy")):
         before = result.first_eval.get(key)
         after = result.last_eval[key]

@@ -100,7 +100,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         options["num_gpus"] = share
         needed = world * share + share
         visible = torch_device_count()
-        if visible < needed:
+        if not cfg.cluster.ray_address and visible < needed:  # a cluster's GPUs are Ray's to count
             raise UserError(
                 f"this run needs {needed:g} GPUs ({world} training workers + the rollout engine"
                 f"{', colocated' if cfg.cluster.colocate else ', each on its own device'}) but {visible} are visible; "
