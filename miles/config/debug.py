@@ -16,4 +16,7 @@ class DebugConfig:
     save_debug_rollout_data: str | None = option(
         None, help="Write each rollout's samples to this path pattern (JSONL; may contain {rollout_id})."
     )
-    debug_rollout_only: bool = option(False, help="Generate and score rollouts but never train (weights stay fixed).")
+    debug_rollout_only: bool = option(
+        False,
+        help="Generate and score rollouts but never train (weights stay fixed); checkpoints still record the data position.",
+    )
