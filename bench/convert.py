@@ -72,7 +72,7 @@ def peak_rss() -> int:
 def timed(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and the peak RSS in bytes the child reports on its last stdout line (0 for cp)."""
     t = time.perf_counter()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800).stdout.split()
     return time.perf_counter() - t, int(out[-1]) if out else 0
 
 
@@ -134,7 +134,7 @@ def main() -> None:
     total = sum(f.stat().st_size for f in (root / "hf").glob("*.safetensors"))
     cp_s, _ = timed(["cp", "-r", str(root / "hf"), str(root / "hf_copy")])
     me = [sys.executable, __file__, "--child"]
-    base_rss = int(subprocess.run([sys.executable, __file__, "--idle"], check=True, capture_output=True, text=True).stdout.split()[-1])
+    base_rss = int(subprocess.run([sys.executable, __file__, "--idle"], check=True, capture_output=True, text=True, timeout=300).stdout.split()[-1])
     td_s, td_rss = timed(me + [str(root / "hf"), str(root / "td"), "to_td"])
     mg = None if a.skip_megatron else timed(me + [str(root / "hf"), str(root / "td_megatron"), "to_td_megatron"])
     hf_s, hf_rss = timed(me + [str(root / "td"), str(root / "back"), "to_hf"])

@@ -80,7 +80,7 @@ def run_seed(seed: int, work: Path, extra_args: str, timeout_s: float, num_rollo
                 proc.kill()
                 proc.wait()
                 raise TimeoutError(f"miles full-train (seed {seed}) did not finish within {timeout_s:.0f} s; log: {log}")
-            bar.update(task, completed=len(read_metrics(run_dir / "metrics.jsonl")))
+            bar.update(task, completed=len({r["step"] for r in read_metrics(run_dir / "metrics.jsonl")}))
             time.sleep(1.0)
         bar.update(task, completed=num_rollout + 1)
     wall = time.perf_counter() - start
