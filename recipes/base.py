@@ -55,7 +55,7 @@ class RecipeOptions:
     num_nodes: int = option(1, help="Nodes in the job.")
     num_gpus_per_node: int = option(8, help="Devices per node (on CPU: training worker processes).")
     hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
-        "auto", help="Hardware the recipe is tuned for; auto detects it (cpu when no GPU is visible)."
+        "auto", help="Where the recipe runs: cpu forces the CPU; auto or a GPU name uses a visible GPU, else the CPU."
     )
     train_backend: Literal["torch", "megatron"] = option("torch", help="Trainer backend the recipe uses.")
     train_deterministic: bool = option(

@@ -35,6 +35,9 @@ STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")
 MIS_FUNCTION_PATH = "miles.algo.rollout_correction.mis_function"
 
 
+_NO_CRITIC = "it is used only by --advantage-estimator ppo, which needs a critic the torch trainer does not train yet"
+
+
 @dataclass
 class AlgoConfig:
     """Options of the RL objective: how rewards become advantages and advantages become a loss."""
@@ -53,7 +56,11 @@ class AlgoConfig:
         None,
         help="Dual-clip PPO: for negative advantages the token loss is at most eps_clip_c * |advantage|; must be > 1; unset = off.",
     )
-    value_clip: float = option(0.2, help="PPO value loss: new values are clipped to old values ± value_clip.")
+    value_clip: float = option(
+        0.2,
+        help="PPO value loss: new values are clipped to old values ± value_clip.",
+        unsupported=_NO_CRITIC,
+    )
     kl_coef: float = option(
         0.0,
         help="Reward-level KL penalty: -kl_coef * KL(policy || reference) is added to every token's reward "
@@ -77,7 +84,7 @@ class AlgoConfig:
     )
     entropy_coef: float = option(0.0, help="Entropy bonus: the loss subtracts entropy_coef * mean token entropy.")
     gamma: float = option(1.0, help="Discount factor for reinforce_plus_plus returns and PPO GAE.")
-    lambd: float = option(1.0, help="GAE lambda for the ppo estimator.")
+    lambd: float = option(1.0, help="GAE lambda for the ppo estimator.", unsupported=_NO_CRITIC)
     normalize_advantages: bool = option(
         False, help="Whiten advantages over the batch's trained tokens (zero mean, unit variance); required by reinforce_plus_plus*."
     )

@@ -78,6 +78,12 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "--train-backend",
     )
     _require(
+        cfg.algo.advantage_estimator != "ppo",
+        "--advantage-estimator ppo cannot run yet: it needs a critic (value model), which the torch trainer does not "
+        "train; use grpo, gspo, reinforce_plus_plus or reinforce_plus_plus_baseline.",
+        "--advantage-estimator",
+    )
+    _require(
         r.rollout_backend == "builtin",
         "--rollout-backend sglang cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
         "--rollout-backend",

@@ -218,6 +218,35 @@ class Checker:
                 self.check_span(page, span)
         for line, target in parsed.links():
             self.check_link(page, line, target)
+        self.check_default_tables(page, off)
+
+    def check_default_tables(self, page: Path, off: set[int]) -> None:
+        """In a table with a `default` column, a row whose first cell is one `--flag` and whose default
+        cell is one code span must state the flag's real default (as prose defaults must)."""
+        column = None
+        for number, raw in enumerate(page.read_text().splitlines(), start=1):
+            line = raw.strip()
+            if not line.startswith("|"):
+                column = None
+                continue
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            lowered = [c.lower() for c in cells]
+            if "default" in lowered:
+                column = lowered.index("default")
+                continue
+            if column is None or number in off or column >= len(cells) or set(line) <= set("|-: "):
+                continue
+            flags = re.findall(r"`(--[a-z0-9][a-z0-9-]*)`", cells[0])
+            stated = re.fullmatch(r"`([^`]+)`", cells[column])
+            if len(flags) != 1 or stated is None:
+                continue
+            fds = self.flag_docs(flags[0], None)
+            if not fds or any(fd.derived for fd in fds):
+                continue
+            real = real_defaults(fds, self.model, flags[0])
+            if normalize(stated.group(1), flags[0]) not in real:
+                shown = fds[0].default if fds[0].default is not None else fds[0].default_value
+                self.report(page, number, f"{flags[0]}: the table says the default is {stated.group(1)}, the code says {shown}")
 
     def check_block(self, page: Path, block: markdown.CodeBlock) -> None:
         logical: list[tuple[int, str]] = []

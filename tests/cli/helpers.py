@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 
 from typer.testing import CliRunner
 
@@ -12,8 +14,22 @@ WIDE = {"COLUMNS": "4000", "TERMINAL_WIDTH": "4000", "NO_COLOR": "1"}
 
 
 def invoke(argv: list[str], env: dict[str, str] | None = None):
+    """Run `miles argv` in an empty temporary directory, so relative default paths (runs/...) never
+    point at a user's real runs: nothing a test invokes can find prepared models and start training."""
     runner = CliRunner()
-    return runner.invoke(build_app(argv), argv, env={**WIDE, **(env or {})}, catch_exceptions=False)
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as empty:
+        os.chdir(empty)
+        try:
+            return runner.invoke(build_app(argv), argv, env={**WIDE, **(env or {})}, catch_exceptions=False)
+        finally:
+            os.chdir(here)
+
+
+def error_text(output: str) -> str:
+    """The error part of a command's output: what follows the options table, if one was printed."""
+    end_of_table = output.rfind("└")
+    return output[end_of_table:] if end_of_table >= 0 else output
 
 
 _ROW = re.compile(r"^│\s+(?:\*\s+)?(--[a-z0-9][a-z0-9-]*)(?:\s+--no-[a-z0-9-]+)?\s+(?:<[^>]*>\s+|[A-Z][A-Z=_]*\s+)?(.*?)\s*│?\s*$")

@@ -39,6 +39,8 @@ miles convert --from hf --to torch_dist --hf-checkpoint DIR --save OUT
 
 def test_a_clean_page_passes(root, model, tmp_path):
     assert check(root, model, tmp_path, CLEAN) == []
+    table = "| flag | default |\n|---|---|\n| `--prometheus-port` | `9090` |\n| `--lr` | `1e-6` |\n"
+    assert check(root, model, tmp_path, table) == []
 
 
 @pytest.mark.parametrize(
@@ -48,6 +50,7 @@ def test_a_clean_page_passes(root, model, tmp_path):
         ("Run `miles convert --rollout-batch-size 8`.", "docs/page.md:1: --rollout-batch-size is not an option of miles convert"),
         ("It uses `--update-weight-buffer-size` (default 1 GB).", "docs/page.md:1: --update-weight-buffer-size: the page says the default is 1 GB, the code says 536870912"),
         ("Set `--prometheus-port` (default: 9091).", "docs/page.md:1: --prometheus-port: the page says the default is 9091, the code says 9090"),
+        ("| flag | default |\n|---|---|\n| `--prometheus-port` | `9091` |\n", "docs/page.md:3: --prometheus-port: the table says the default is 9091, the code says 9090"),
         ("See `miles/ray/rollout.py`.", "docs/page.md:1: path miles/ray/rollout.py does not exist in the repository"),
         ("See `miles.utils.transformers_patch`.", "docs/page.md:1: miles.utils.transformers_patch: miles/utils/__init__.py defines no transformers_patch"),
         ("Call `miles.config.engine.no_such_function`.", "docs/page.md:1: miles.config.engine.no_such_function: miles/config/engine.py defines no no_such_function"),
