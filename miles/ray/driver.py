@@ -108,8 +108,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 option="--colocate",
             )
 
-    with ray_session(cfg, env or {}, num_cpus):
-        manager = remote_object(RolloutManager, cfg, actor_options=options)
+    with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
+        manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
         wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         d = cfg.data
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
@@ -118,7 +118,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
         port = free_port()
         workers = [
-            remote_object(TrainWorker, cfg, rank=r, world_size=world, master_port=port, device=device, actor_options=options)
+            remote_object(TrainWorker, cfg, rank=r, world_size=world, master_port=port, device=device, actor_options={**options, **bundle_of(r)})
             for r in range(world)
         ]
         wait([w.ready_ref for w in workers], "the training workers to load the model", ACTOR_START_TIMEOUT_S)
@@ -200,6 +200,29 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
             tracker.finish(status=status)
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
+
+
+@contextlib.contextmanager
+def placement(cfg: EngineConfig, world: int, device: str):
+    """One PACK placement group: a bundle per training rank, plus one for the engine unless colocated
+    (then the engine shares rank 0's bundle). Yields `bundle_of(rank | "rollout") -> actor options`
+    and removes the group afterwards (a shared Ray cluster gets its resources back)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    unit = {"CPU": 1.0, **({"GPU": 1.0} if device == "cuda" else {})}
+    n = world if cfg.cluster.colocate else world + 1
+    group = ray.util.placement_group([dict(unit) for _ in range(n)], strategy="PACK")
+    wait(group.ready(), f"a placement group of {n} bundles of {unit}", ACTOR_START_TIMEOUT_S)
+
+    def bundle_of(who) -> dict[str, Any]:
+        index = (0 if cfg.cluster.colocate else world) if who == "rollout" else who
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)}
+
+    try:
+        yield bundle_of
+    finally:
+        ray.util.remove_placement_group(group)
 
 
 def torch_device_count() -> int:
