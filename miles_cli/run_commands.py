@@ -101,7 +101,7 @@ def resolve_invocation(
     def parse(tokens: list[str], where: str) -> dict[str, Any]:
         values = parse_engine_argv(tokens, where=where, recipe_flags=recipe_flags)
         for name in values:
-            if name not in allowed and name not in recipe_flags:
+            if name not in allowed:
                 flag = "--" + name.replace("_", "-")
                 raise UserError(f"{flag} in {where} is not an option of `miles {command}` (it only matters when training).", option=flag)
         return values
