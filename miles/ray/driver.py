@@ -256,8 +256,13 @@ def _logged_eval(run_dir: Path, step: int) -> bool:
 
 def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> float:
     t0 = time.perf_counter()
-    buckets = wait(workers[0].weight_buckets.remote(cfg.rollout.update_weight_buffer_size), "the trainer's weights")
-    wait(manager.update_weights.remote(buckets, version), "the rollout engine to load new weights")
+    count = wait(workers[0].plan_weight_buckets.remote(cfg.rollout.update_weight_buffer_size), "the trainer to plan weight buckets")
+    wait(manager.begin_weight_update.remote(), "the rollout engine to pause for a weight update")
+    for i in range(count):
+        # The bucket travels worker → engine as an object reference: the driver never holds it, and
+        # at most one bucket (--update-weight-buffer-size bytes) is in flight.
+        wait(manager.load_weight_bucket.remote(workers[0].weight_bucket.remote(i)), f"weight bucket {i + 1}/{count}")
+    wait(manager.end_weight_update.remote(version), "the rollout engine to finish the weight update")
     if cfg.debug.check_weight_update_equal:
         trainer_sum, engine_sum = wait(
             [workers[0].weights_checksum.remote(), manager.weights_checksum.remote()], "weight checksums"

@@ -237,13 +237,21 @@ class RolloutManager:
         return metrics
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, buckets: list[list[tuple[str, torch.Tensor]]], version: int) -> float:
-        t0 = time.perf_counter()
+    def begin_weight_update(self) -> None:
         self.engine.begin_weight_update()
-        for bucket in buckets:
-            self.engine.update_weights_from_tensors(bucket)
+
+    def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights_from_tensors(bucket)
+
+    def end_weight_update(self, version: int) -> None:
         self.engine.end_weight_update(version)
-        return time.perf_counter() - t0
+
+    def update_weights(self, buckets: list[list[tuple[str, torch.Tensor]]], version: int) -> None:
+        """All buckets in one call (in-process use, e.g. `miles eval` loading a checkpoint)."""
+        self.begin_weight_update()
+        for bucket in buckets:
+            self.load_weight_bucket(bucket)
+        self.end_weight_update(version)
 
     def offload(self) -> None:
         """--offload-rollout: engine weights to host memory while the actors train (no-op on CPU)."""

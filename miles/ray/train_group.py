@@ -85,10 +85,16 @@ class TrainWorker:
         if device == "cpu":
             torch.cuda.empty_cache()
 
-    def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-        """The weights in Hugging Face naming, copied and grouped into buckets of at most `bucket_bytes`."""
-        named = [(n, t.detach().clone().cpu()) for n, t in self.trainer.named_weights_for_sync()]
-        return [list(b) for b in iter_weight_buckets(named, bucket_bytes)]
+    def plan_weight_buckets(self, bucket_bytes: int) -> int:
+        """Group the weights (Hugging Face names) into buckets of at most `bucket_bytes`; returns how many."""
+        buckets = iter_weight_buckets(self.trainer.named_weights_for_sync(), bucket_bytes)
+        self._bucket_names = [[name for name, _ in bucket] for bucket in buckets]
+        return len(self._bucket_names)
+
+    def weight_bucket(self, index: int) -> list[tuple[str, torch.Tensor]]:
+        """A host-memory copy of bucket `index` only, so one bucket at a time is in flight."""
+        weights = dict(self.trainer.named_weights_for_sync())
+        return [(name, weights[name].detach().clone().cpu()) for name in self._bucket_names[index]]
 
     def weights_checksum(self) -> str:
         from miles.rollout.engine.base import weights_checksum
