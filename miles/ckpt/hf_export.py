@@ -27,6 +27,8 @@ from typing import Iterable, Mapping
 
 import torch
 
+from miles.ckpt.durable import fsync_path
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -60,14 +62,6 @@ def _shards(
         shards[-1][name] = t.clone() if t.untyped_storage().nbytes() != nbytes else t
         size += nbytes
     return shards
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def export_hf(
@@ -120,8 +114,8 @@ def export_hf(
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
     for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+        fsync_path(f)
+    fsync_path(tmp)
     if out.exists():
         old = out.parent / f"{out.name}.old-{os.getpid()}"
         os.rename(out, old)
@@ -129,5 +123,5 @@ def export_hf(
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, out)
-    _fsync(out.parent)
+    fsync_path(out.parent)
     return out

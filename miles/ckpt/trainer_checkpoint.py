@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from miles.ckpt.durable import fsync_path
 from miles.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -50,20 +51,6 @@ _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 
 def iter_dir_name(rollout_id: int) -> str:
     return f"iter_{rollout_id:07d}"
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    # A rename is durable only once the directory holding the entry is fsynced.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _clean_temp_dirs(save_dir: Path) -> None:
@@ -131,8 +118,8 @@ def save_checkpoint(
     torch.save(trainer_state, tmp / STATE_FILE)
     (tmp / EXTRA_FILE).write_text(extra_text)
     for f in (STATE_FILE, EXTRA_FILE):
-        _fsync_file(tmp / f)
-    _fsync_dir(tmp)
+        fsync_path(tmp / f)
+    fsync_path(tmp)
 
     if final.exists():
         # Re-saving an id: move the old one aside first; a crash between the two renames leaves the
@@ -143,13 +130,13 @@ def save_checkpoint(
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(save_dir)
+    fsync_path(save_dir)
 
     tracker_tmp = save_dir / f"{_TMP_PREFIX}{TRACKER}-{os.getpid()}"
     tracker_tmp.write_text(f"{rollout_id}\n")
-    _fsync_file(tracker_tmp)
+    fsync_path(tracker_tmp)
     os.replace(tracker_tmp, save_dir / TRACKER)
-    _fsync_dir(save_dir)
+    fsync_path(save_dir)
 
     if keep_last is not None:
         for old in list_checkpoints(save_dir)[:-keep_last]:

@@ -82,12 +82,12 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
         f"""
         import os, signal, torch
         import miles.ckpt.trainer_checkpoint as tc
-        real_fsync_dir = tc._fsync_dir
+        real_fsync = tc.fsync_path
         def die_after_files_are_written(path):
-            if path.name.startswith(".tmp-iter_"):
+            if path.name.startswith(".tmp-iter_"):  # the temp dir itself: its files are already synced
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_fsync_dir(path)
-        tc._fsync_dir = die_after_files_are_written
+            real_fsync(path)
+        tc.fsync_path = die_after_files_are_written
         tc.save_checkpoint({str(tmp_path)!r}, 2, {{"model": {{"w": torch.ones(1000)}}}}, {{"rid": 2}})
         """
     )
