@@ -21,7 +21,7 @@ import typer
 
 from miles.config.engine import OptionSpec, option_specs, specs_of
 from miles.config.resolve import build_config, effective_default, resolve
-from miles.config.values import parse_engine_argv, parse_scalar, split_args
+from miles.config.values import format_value, parse_engine_argv, parse_scalar, split_args
 from miles.errors import UserError
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.output import print_options_table
@@ -129,6 +129,13 @@ def resolve_invocation(
     return Invocation(command, recipe, options, plan, cfg, sources)
 
 
+def _run_option(name: str, decl: str, annotation: Any, default: Any, help: str) -> inspect.Parameter:
+    """A command option of the "Run" panel (not an engine or recipe option), its default in the help."""
+    text = f"{help} \\[default: {format_value(default)}]"
+    option = typer.Option(decl, help=text, rich_help_panel="Run", show_default=False)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
+
+
 def _source_label(source: Any) -> str:
     name = getattr(source, "name", "")
     return {"COMMANDLINE": "command line", "ENVIRONMENT": "env MILES_SCRIPT_*"}.get(name, "recipe default")
@@ -154,36 +161,16 @@ def build_run_command(command: Command, recipe: ModuleType):
     for s in e_specs:
         params.append(make_parameter(s, e_defaults[s.name]))
     params.append(
-        inspect.Parameter(
-            "dry_run",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=False,
-            annotation=Annotated[
-                bool,
-                typer.Option(
-                    "--dry-run/--no-dry-run",
-                    help="Resolve and print the options (and the prepare steps), then stop without running anything. \\[default: false]",
-                    rich_help_panel="Run",
-                    show_default=False,
-                ),
-            ],
+        _run_option(
+            "dry_run", "--dry-run/--no-dry-run", bool, False,
+            "Resolve and print the options (and the prepare steps), then stop without running anything.",
         )
     )
     if command == "eval":
         params.append(
-            inspect.Parameter(
-                "checkpoint",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[
-                    str | None,
-                    typer.Option(
-                        "--checkpoint",
-                        help="Model to evaluate: a Hugging Face directory or a miles checkpoint directory; unset = --hf-checkpoint. \\[default: None]",
-                        rich_help_panel="Run",
-                        show_default=False,
-                    ),
-                ],
+            _run_option(
+                "checkpoint", "--checkpoint", str | None, None,
+                "Model to evaluate: a Hugging Face directory or a miles checkpoint directory; unset = --hf-checkpoint.",
             )
         )
     recipe_names = [s.name for s in r_specs]
