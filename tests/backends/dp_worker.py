@@ -7,7 +7,7 @@ import datetime
 import json
 
 
-def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str) -> None:
+def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str, algo: dict | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -20,7 +20,7 @@ def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str) -
         timeout=datetime.timedelta(seconds=60),
     )
     try:
-        weights, metrics = train_reference_rollouts(hf_dir, dp_rank=rank, dp_world_size=world_size)
+        weights, metrics = train_reference_rollouts(hf_dir, dp_rank=rank, dp_world_size=world_size, algo=algo)
         if rank == 0:
             torch.save(weights, f"{out_dir}/weights.pt")
             with open(f"{out_dir}/metrics.json", "w") as f:
@@ -29,8 +29,9 @@ def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str) -
         dist.destroy_process_group()
 
 
-def train_reference_rollouts(hf_dir: str, *, dp_rank: int = 0, dp_world_size: int = 1):
-    """Two rollouts of 8 samples, 2 optimizer steps of 4 each, micro-batch 2, policy loss + KL loss."""
+def train_reference_rollouts(hf_dir: str, *, dp_rank: int = 0, dp_world_size: int = 1, algo: dict | None = None):
+    """Two rollouts of 8 samples, 2 optimizer steps of 4 each, micro-batch 2, policy loss + KL loss
+    (`algo` overrides AlgoConfig fields, e.g. normalize_advantages)."""
     from backend_fixtures import make_train_data
 
     from miles.backends.torch import TorchTrainer
@@ -40,7 +41,9 @@ def train_reference_rollouts(hf_dir: str, *, dp_rank: int = 0, dp_world_size: in
     trainer = TorchTrainer(
         hf_dir,
         optimizer_cfg=OptimizerConfig(lr=1e-2, weight_decay=0.1, lr_warmup_iters=2),
-        algo_cfg=AlgoConfig(eps_clip_high=0.2, use_kl_loss=True, kl_loss_coef=0.1, calculate_per_token_loss=True),
+        algo_cfg=AlgoConfig(
+            **{"eps_clip_high": 0.2, "use_kl_loss": True, "kl_loss_coef": 0.1, "calculate_per_token_loss": True, **(algo or {})}
+        ),
         micro_batch_size=2,
         deterministic=True,
         seed=1234,
