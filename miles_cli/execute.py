@@ -45,7 +45,9 @@ def print_result(result) -> None:
         console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
         if result.resumed_from + 1 >= result.final_step:
             console.print("The run was already complete: nothing to train. Use another --run-id for a new run.")
-    for key in sorted(k for k in result.last_eval if k.endswith("/accuracy")):
+    from miles.tracking.console import eval_headline_keys
+
+    for key in eval_headline_keys(result.last_eval):
         before = result.first_eval.get(key)
         after = result.last_eval[key]
         if before is not None:

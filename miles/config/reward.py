@@ -34,6 +34,12 @@ KNOWN_RM_TYPES: tuple[str, ...] = (
     "remote_rm",
 )
 BOXED_PREFIX = "boxed_"
+# Types whose reward says right or wrong (1/0, or dapo's score +1/-1): for these, and only these, eval
+# reports an accuracy (`reward > 0`) next to the mean reward. f1 is fractional, and a remote or
+# custom reward model may return anything, so their evals report the mean reward alone.
+BINARY_RM_TYPES: frozenset[str] = frozenset(
+    {"math", "dapo", "deepscaler", "gpqa", "exact_match", "deterministic_random", "random"}
+)
 
 
 def split_rm_type(rm_type: str) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from miles.config.data import rollouts_for_epochs
 from miles.config.engine import EngineConfig
 from miles.config.resolve import fill_derived
 from miles.errors import StepFailed, UserError
@@ -114,7 +115,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         d = cfg.data
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
-            d.num_rollout = max(1, num_prompts * d.num_epoch // cfg.rollout.over_sampling_batch_size)
+            d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
         port = free_port()
         workers = [
