@@ -88,13 +88,14 @@ def compute_advantages_and_returns(
     group through it. None means this process holds the whole rollout.
 
     `rewards` holds one scalar per sample, already group-normalised by train_data for grpo, gspo and
-    reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached.
+    reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached. The group
+    statistics are taken on the rollout side over whole groups and every estimator here works per
+    sample, so the samples need not form whole groups of `n_samples_per_prompt` (a data-parallel rank
+    may hold part of a group); the argument is accepted for interface stability.
     """
     n = len(loss_masks)
     if rewards.numel() != n:
         raise ValueError(f"{rewards.numel()} rewards for {n} samples")
-    if n % max(n_samples_per_prompt, 1):
-        raise ValueError(f"{n} samples do not split into groups of {n_samples_per_prompt}")
     masks = [m.detach().to(torch.float32) for m in loss_masks]
     rewards = rewards.detach().to(torch.float32).reshape(-1)
     kl = _token_kl(cfg, masks, log_probs, ref_log_probs)

@@ -43,7 +43,6 @@ from miles.backends.torch.optim import LRSchedule, build_optimizer
 from miles.backends.torch.rng import get_rng_state, seed_everything, set_rng_state
 from miles.config.algo import AlgoConfig
 from miles.config.optimizer import OptimizerConfig
-from miles.errors import UserError
 
 STATE_FORMAT = "miles.torch_trainer.v1"
 
@@ -229,13 +228,9 @@ class TorchTrainer:
         }
         per_sample: dict[str, dict[int, torch.Tensor]] = {}
         if not self.is_sft:
-            if len(local) % n_samples_per_prompt:
-                raise UserError(
-                    f"each of the {self.dp_world_size} training workers gets {len(local)} samples of rollout "
-                    f"{rollout_id}, not whole groups of --n-samples-per-prompt {n_samples_per_prompt}; make "
-                    "--global-batch-size / workers a multiple of --n-samples-per-prompt.",
-                    option="--global-batch-size",
-                )
+            # A rank may hold part of a prompt group (e.g. 8 samples per prompt, 4 per rank): the group
+            # statistics were taken over whole groups on the rollout side, and every estimator here
+            # works per sample (whitening is reduced over the DP group).
             per_sample = self._prepare_policy_inputs(train_data, plans, local, masks, n_samples_per_prompt)
 
         step_metrics: list[dict[str, float]] = []
