@@ -70,7 +70,9 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus, **kwargs)
+            # address="local": always a node of our own; without it ray.init joins (and then rejects
+            # num_cpus for) any other Ray already running on this machine, e.g. a second run.
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
     try:
         yield
     finally:
