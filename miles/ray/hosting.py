@@ -12,6 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+_LABELS: dict[str, str] = {}  # actor id (hex) -> what it is, for the message when it dies
+
+
+def actor_label(actor_id: str | None) -> str | None:
+    """What the actor with this id hosts ("training worker 1", "the RolloutManager"), if it was made here."""
+    return _LABELS.get(actor_id) if actor_id else None
+
 
 class _Host:
     def setup(self, cls: type, args: tuple, kwargs: dict) -> bool:
@@ -46,7 +53,10 @@ class RemoteObject:
 def remote_object(cls: type, *args: Any, actor_options: dict[str, Any] | None = None, **kwargs: Any) -> RemoteObject:
     import ray
 
-    host = ray.remote(**(actor_options or {}))(_Host).remote()
+    # A host class named after the hosted one, so `ps` and Ray's tools show "ray::TrainWorker.call".
+    named = type(cls.__name__, (_Host,), {"__module__": __name__, "__qualname__": cls.__name__})
+    host = ray.remote(**(actor_options or {}))(named).remote()
+    _LABELS[host._actor_id.hex()] = f"the {cls.__name__}" + (f" of rank {kwargs['rank']}" if "rank" in kwargs else "")
     return RemoteObject(host, host.setup.remote(cls, args, kwargs))
 
 
