@@ -99,7 +99,31 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         yield
     finally:
         if started_here:
+            from miles.ray.hosting import end_hosted_actors
+
+            pids = end_hosted_actors()
             ray.shutdown()
+            if not cfg.cluster.ray_address:
+                _reap(pids)
+
+
+def _reap(pids: list[int], timeout: float = 10.0) -> None:
+    """Make sure the local actor processes are gone once Ray is shut down (no orphan keeps a GPU or a port)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if any(part.startswith("ray::") for part in p.cmdline()[:1]):
+                procs.append(p)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
