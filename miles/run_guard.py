@@ -54,9 +54,13 @@ def preflight(inv: Any, checkpoint: str | None = None) -> None:
 class Guard:
     def __init__(self, inv: Any):
         self.inv = inv
+        self._recorded = False
 
     def inputs_ready(self) -> None:
         """The inputs exist now: check them all, compare their content with the run's record, record it."""
+        if self._recorded:
+            return
+        self._recorded = True
         inv = self.inv
         check_inputs(inv.config, command=inv.command)
         ident = identity_of(inv.options, inv.config, inputs_ready=True)

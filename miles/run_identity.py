@@ -145,6 +145,7 @@ def check_run_dir(run_dir: str | os.PathLike[str], ident: RunIdentity, cfg: Any)
 def write_run_record(run_dir: str | os.PathLike[str], run_id: str, ident: RunIdentity) -> None:
     """Write `<run_dir>/run.json` (temp + rename); kept from the run's first start on."""
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     record = run_dir / RUN_RECORD
     previous = {}
     if record.is_file():

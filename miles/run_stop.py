@@ -31,23 +31,25 @@ class Stopped(KeyboardInterrupt):
 
 
 _stopping = False
+_received: str | None = None  # Ray's blocking calls re-raise a plain KeyboardInterrupt: remember the signal here
 
 
 def _handler(signum: int, frame) -> None:
-    global _stopping
+    global _stopping, _received
     name = signal.Signals(signum).name
     if _stopping:
         print(f"\n{name} received again: already stopping (releasing Ray, closing MLflow); kill -9 to abort.", file=sys.stderr, flush=True)
         return
     _stopping = True
+    _received = name
     raise Stopped(name)
 
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
     """SIGTERM and SIGINT raise `Stopped` (once) in the main thread while the block runs."""
-    global _stopping
-    _stopping = False
+    global _stopping, _received
+    _stopping, _received = False, None
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
         signal.signal(s, _handler)
@@ -58,10 +60,13 @@ def stop_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def _signal_name(error: BaseException) -> str:
+    return getattr(error, "signal_name", None) or _received or "SIGINT"
+
+
 def stop_exit_code(error: BaseException) -> int:
     """128 + the signal number, as a shell reports a process ended by that signal."""
-    name = getattr(error, "signal_name", "SIGINT")
-    return 128 + int(getattr(signal, name, signal.SIGINT))
+    return 128 + int(getattr(signal, _signal_name(error), signal.SIGINT))
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -89,5 +94,6 @@ def kept_report(*, save_dir: str | None, load_dir: str | None, run_dir: str | Pa
 
 
 def stop_report(error: BaseException, **kept) -> str:
-    what = "Ctrl-C" if getattr(error, "signal_name", "SIGINT") == "SIGINT" else getattr(error, "signal_name")
+    name = _signal_name(error)
+    what = "Ctrl-C" if name == "SIGINT" else name
     return f"Stopped by {what}. {kept_report(**kept)}\n  {resume_command()}"

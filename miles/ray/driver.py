@@ -91,8 +91,8 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         sigterm = signal.getsignal(signal.SIGTERM)
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
-        else:
-            ray.init(num_cpus=num_cpus, **kwargs)
+        else:  # "local": a private node, even when another Ray on this machine left /tmp/ray/ray_current_cluster
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     try:

@@ -134,6 +134,7 @@ def _start(work: Path, run_id: str, log: Path) -> tuple[list[str], subprocess.Po
     return args, proc
 
 
+@pytest.mark.slow  # a real run stopped mid-way: minutes on a busy 2-core machine (tests/safety covers the pieces)
 def test_second_run_on_a_live_run_dir_is_refused_and_sigterm_stops_like_ctrl_c(work):
     args, proc = _start(work, "live", work / "live.log")
     run_dir = work / "runs" / "live"
@@ -157,6 +158,7 @@ def test_second_run_on_a_live_run_dir_is_refused_and_sigterm_stops_like_ctrl_c(w
     assert _gone(procs) == []
 
 
+@pytest.mark.slow  # tests/ray/test_driver.py kills a worker in-process in the default run
 def test_a_killed_training_actor_ends_the_run_with_one_sentence(work):
     args, proc = _start(work, "crash", work / "crash.log")
     run_dir = work / "runs" / "crash"
