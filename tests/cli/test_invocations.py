@@ -99,10 +99,10 @@ def test_command_line_beats_miles_script_env():
     normal = TINY.plan(TINY.Options(mode="normal").resolve()).engine["num_rollout"]
     debug = TINY.plan(TINY.Options(mode="debug_minimal").resolve()).engine["num_rollout"]
     assert normal != debug
-    r = invoke(["train", "--dry-run", "--mode", "normal"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
+    r = invoke(["full-train", "--dry-run", "--mode", "normal"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
     assert r.exit_code == 0
     assert f"│ {normal} " in r.output.split("│ --num-rollout ")[1][:40]
-    r = invoke(["train", "--dry-run"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
+    r = invoke(["full-train", "--dry-run"], env={"MILES_SCRIPT_MODE": "debug_minimal"})
     assert f"│ {debug} " in r.output.split("│ --num-rollout ")[1][:40]
 
 

@@ -88,3 +88,35 @@ def test_separate_placement_runs_and_resume_continues(files, tmp_path, ray_sessi
     assert result.resumed_from == 1
     steps = sorted({json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()})
     assert steps == [1, 2, 3]
+
+
+def test_a_killed_worker_ends_the_run_naming_it_and_releases_the_placement_group(files, tmp_path, ray_session):
+    """On a shared Ray (the session's, as with --ray-address) a dead actor ends the run at once, with
+    one sentence naming it, and the run's placement group is removed (the cluster gets its CPUs back)."""
+    import threading
+    import time
+
+    import ray
+
+    from miles.ray.actor_death import ActorDied
+    from miles.ray.hosting import _HOSTED, actor_label
+
+    run_dir = tmp_path / "killed"
+    hosted_before = len(_HOSTED)
+
+    def kill_the_worker_after_a_step():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            path = run_dir / "metrics.jsonl"
+            if path.exists() and any(json.loads(x)["step"] >= 1 for x in path.read_text().splitlines() if x.strip()):
+                break
+            time.sleep(0.1)
+        worker = next(o for o in _HOSTED[hosted_before:] if actor_label(o._handle._actor_id.hex()) == "the TrainWorker of rank 0")
+        ray.kill(worker._handle, no_restart=True)
+
+    killer = threading.Thread(target=kill_the_worker_after_a_step, daemon=True)
+    killer.start()
+    with pytest.raises(ActorDied, match=r"^the TrainWorker of rank 0 \(pid \d+\) died while the driver waited for "):
+        run_training(config(files, run_dir, num_rollout=200), run_dir=run_dir, run_id="killed")
+    killer.join(timeout=60)
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
