@@ -69,7 +69,8 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus, **kwargs)
+            # address="local": a new private node; without it ray.init joins any Ray already running on this host.
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
     try:
         yield
     finally:
