@@ -33,7 +33,9 @@ BENCHES = {
     "train_step": [],
     "rollout_engine": [],
     "vs_trl": [],
+    "step_phases": [],
 }
+# Not here: bench/learning.py (does the default run learn; minutes per seed, a pass/fail, not a ratio).
 
 
 def machine() -> str:

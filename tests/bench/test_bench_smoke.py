@@ -59,6 +59,13 @@ def test_rollout_engine(tmp_path):
     assert finite_positive(rows)
 
 
+def test_step_phases(tmp_path):
+    rows = run_bench("step_phases", tmp_path)
+    phases = json.loads((tmp_path / "step_phases.json").read_text())["in_process"]
+    assert {"generation", "reward (decode + exact match)", "weight update (in process)"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and 0 < rows[0]["value"] < 1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is the bench-only extra: pip install -e '.[bench]'")
 def test_vs_trl(tmp_path):
     rows = run_bench("vs_trl", tmp_path, "--keep", str(tmp_path / "work"), timeout=900)
