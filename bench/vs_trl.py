@@ -274,7 +274,7 @@ def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
     ]
     print("\nratios (miles / TRL):")
     for r in rows:
-        v = "n/a (target not reached by both)" if r["value"] is None else f"{r['value']:.2f}{r['unit'][1:]}"
+        v = "n/a (target not reached by both)" if r["value"] is None else f"{r['value']:.2f}x"
         print(f"  {r['what']:48} {v:>14}   goal {r['goal'] or '-'}")
     return rows
 
