@@ -88,3 +88,12 @@ def test_separate_placement_runs_and_resume_continues(files, tmp_path, ray_sessi
     assert result.resumed_from == 1
     steps = sorted({json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()})
     assert steps == [1, 2, 3]
+
+
+def test_num_epoch_counts_steps_of_rollout_batch_size(files, tmp_path, ray_session):
+    """25 prompts, --rollout-batch-size 4, --over-sampling-batch-size 8, one epoch: 25 // 4 = 6 steps
+    (sizing by the over-sampling batch would give 25 // 8 = 3)."""
+    run_dir = tmp_path / "epoch"
+    cfg = config(files, run_dir, num_rollout=None, num_epoch=1, over_sampling_batch_size=8, check_weight_update_equal=False)
+    result = run_training(cfg, run_dir=run_dir, run_id="epoch")
+    assert result.final_step == 6
