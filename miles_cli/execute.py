@@ -20,14 +20,18 @@ def _require_inputs(cfg, command: str) -> None:
         raise UserError(f"--prompt-data {cfg.data.prompt_data} does not exist.{hint}", option="--prompt-data")
 
 
-def execute(inv, *, checkpoint: str | None = None) -> None:
-    os.environ.update(inv.plan.env)
+def execute(inv, *, checkpoint: str | None = None):
+    """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
+    os.environ.update(inv.env)
     cfg = inv.config
     if inv.command == "full-train":
         from miles.prepare.runner import run_prepare_steps
 
         run_prepare_steps(inv.plan.prepare)
     _require_inputs(cfg, inv.command)
+    from miles_cli.output import write_options_file
+
+    write_options_file(inv)
     if inv.command == "eval":
         from miles.eval.run import run_eval
 
@@ -35,8 +39,9 @@ def execute(inv, *, checkpoint: str | None = None) -> None:
         return
     from miles.ray.driver import run_training
 
-    result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.plan.env)
+    result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.env)
     print_result(result)
+    return result
 
 
 def print_result(result) -> None:

@@ -1,7 +1,8 @@
 """The CLI as plain data: what the generators print and what the checkers compare prose against.
 
-`miles_cli/docs_cmd.py` fills these from the Click commands that `--help` renders (so a default here
-is, character for character, the one `--help` prints). Nothing here imports typer or a recipe.
+`miles_cli/options.py` builds these from the option declarations; `--help` renders the same objects
+(so a default here is, character for character, the one `--help` prints). Nothing here imports typer
+or a recipe.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class FlagDoc:
     unsupported: str | None  # why it cannot take a non-default value in this build
     help: str  # the help sentence(s), without the default/env/derived annotations
     repeatable: bool = False
+    unavailable_choices: tuple[tuple[str, str], ...] = ()  # (choice, why this build rejects it)
+    derived_value: str | None = None  # what the derived rule gives for the invocation help was built for
 
     @property
     def flag(self) -> str:
