@@ -228,6 +228,11 @@ def cli_model():
         recipe_flags=recipe_flags,
         env_prefix=ENV_PREFIX,
         groups=groups,
+        run_env={
+            var: (value, linked[s.name].flag if s.name in linked else s.flag)
+            for s in option_specs()
+            for var, value in s.run_env.items()
+        },
         invoke=invoke,
         parse=parse_only,
     )
