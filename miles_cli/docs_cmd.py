@@ -97,7 +97,7 @@ def command_docs(group: Any) -> dict[str, Any]:
         flags = tuple(
             declared[p.name] if p.name in declared else _plain_flag_doc(p)
             for p in cmd.params
-            if p.name not in ("help", "help_all", "help_group") and p.expose_value
+            if p.name != "help" and (p.expose_value or p.name in declared)
         )
         docs[name] = CommandDoc(
             name=name,
@@ -147,7 +147,7 @@ def parse_only(argv: list[str], env: dict[str, str]) -> str | None:
             return str(e)
         rest, name = list(argv), "miles"
         while hasattr(cmd, "commands"):  # walk down to the (sub)command
-            if not rest or rest[0] == "--help":
+            if not rest or rest[0] in ("--help", "--install-completion", "--show-completion"):
                 return None
             name = rest.pop(0)
             if name not in cmd.commands:
@@ -228,6 +228,7 @@ def cli_model():
         recipe_flags=recipe_flags,
         env_prefix=ENV_PREFIX,
         groups=groups,
+        declared_defaults={s.flag: format_value(s.default) for s in option_specs()},
         run_env={
             var: (value, linked[s.name].flag if s.name in linked else s.flag)
             for s in option_specs()

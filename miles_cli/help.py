@@ -35,6 +35,7 @@ from typer import _click as click  # typer vendors its own click; the real one's
 from typer._click.exceptions import BadParameter, ClickException, MissingParameter, NoSuchOption
 from rich.markup import escape
 
+from miles.docs.model import FlagDoc
 from miles.errors import UserError
 from miles_cli.options import RUN_PANEL, help_line, metavar
 from miles_cli.params import PARAMETER_DOCS
@@ -162,23 +163,34 @@ def _show_help(fixed: str | None):
     return callback
 
 
-def help_parameters(panels: list[str]) -> list[inspect.Parameter]:
+def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]]:
     """`--help-all` and `--help-group GROUP` for a command whose options span several panels."""
     slugs = [panel_slug(p) for p in panels]
     from typing import Annotated, Literal, Optional
 
+    all_help = "Show every option and exit."
+    group_help = "Show the options of one group and exit."
+    docs = [
+        FlagDoc(("--help-all",), "help_all", "Help", "bool", (), None, False, False, None, None, None, all_help),
+        FlagDoc(("--help-group",), "help_group", "Help", "str", tuple(slugs), None, None, False, None, None, None, group_help),
+    ]
     return [
-        inspect.Parameter(
-            "help_all", inspect.Parameter.KEYWORD_ONLY, default=False,
-            annotation=Annotated[bool, typer.Option("--help-all", is_eager=True, expose_value=False, callback=_show_help("all"),
-                                                    help="Show every option and exit.")],
+        (
+            inspect.Parameter(
+                "help_all", inspect.Parameter.KEYWORD_ONLY, default=False,
+                annotation=Annotated[bool, typer.Option("--help-all", is_eager=True, expose_value=False,
+                                                        callback=_show_help("all"), help=all_help)],
+            ),
+            docs[0],
         ),
-        inspect.Parameter(
-            "help_group", inspect.Parameter.KEYWORD_ONLY, default=None,
-            annotation=Annotated[Optional[Literal[tuple(slugs)]], typer.Option(  # type: ignore[valid-type]
-                "--help-group", is_eager=True, expose_value=False, callback=_show_help(None), metavar="GROUP",
-                help="Show the options of one group and exit: " + ", ".join(slugs) + ".",
-            )],
+        (
+            inspect.Parameter(
+                "help_group", inspect.Parameter.KEYWORD_ONLY, default=None,
+                annotation=Annotated[Optional[Literal[tuple(slugs)]], typer.Option(  # type: ignore[valid-type]
+                    "--help-group", is_eager=True, expose_value=False, callback=_show_help(None), help=group_help,
+                )],
+            ),
+            docs[1],
         ),
     ]
 

@@ -153,7 +153,7 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
     from miles_cli.help import help_parameters
 
     panels = list(dict.fromkeys(s.panel for s in [*r_specs, *e_specs, *run_control_specs(command)]))
-    func = with_signature(run, [(ctx_param, None), *params, *[(p, None) for p in help_parameters(panels)]])
+    func = with_signature(run, [(ctx_param, None), *params, *help_parameters(panels)])
     setattr(func, FLAG_HINTS, flag_hints(recipe, command))
     return func
 

@@ -84,6 +84,7 @@ class CliModel:
     env_prefix: str  # "MILES_SCRIPT_"
     groups: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (panel, config class, flags)
     run_env: dict[str, tuple[str, str]] = field(default_factory=dict)  # variable -> (value, flag that turns it on)
+    declared_defaults: dict[str, str] = field(default_factory=dict)  # engine flag -> its declared default (no recipe)
     invoke: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None
     parse: Callable[[list[str], dict[str, str]], str | None] | None = None
 
