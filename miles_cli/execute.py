@@ -23,6 +23,8 @@ def _require_inputs(cfg, command: str) -> None:
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
     os.environ.update(inv.env)
+    # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     cfg = inv.config
     if inv.command == "full-train":
         from miles.prepare.runner import run_prepare_steps
