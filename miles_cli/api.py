@@ -87,7 +87,8 @@ class Invocation:
         """{flag: source} of every option the user set (anything not from the recipe or a default)."""
         out = {}
         for name, source in self.recipe_sources.items():
-            if source not in ("recipe default", "derived"):
+            # --extra-args itself is not listed: the values it set are, with their source.
+            if source not in ("recipe default", "derived") and name != "extra_args":
                 out["--" + name.replace("_", "-")] = source
         for name, source in self.sources.items():
             if source in ("command line", "--extra-args", "after --", "api") or source.startswith("env "):

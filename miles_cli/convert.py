@@ -6,10 +6,7 @@ imported only when the command runs (it needs torch and megatron-core).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
-
-import typer
 
 from miles.config.convert import ConvertOptions
 from miles.config.engine import specs_of

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 

@@ -14,9 +14,14 @@ runs. The heavy work is imported only when it runs.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import os
 import sys
 from types import ModuleType
 from typing import Any
+
+import typer
 
 from miles.errors import UserError
 from miles_cli.api import (
@@ -27,7 +32,10 @@ from miles_cli.api import (
     recipe_specs,
     resolve_invocation,
 )
+from miles.config.values import parse_scalar
+from miles.docs.model import FlagDoc
 from miles_cli.errors import user_errors_exit_2
+from miles_cli.help import help_parameters
 from miles_cli.options import NO_VALUE, flag_doc, run_control_specs
 from miles_cli.params import commandline_values, make_parameter, with_signature
 from recipes.base import ENV_PREFIX
@@ -79,10 +87,6 @@ def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | N
 
 def _with_env(recipe: ModuleType, given: dict[str, Any]) -> dict[str, Any]:
     """Recipe option values from MILES_SCRIPT_<FIELD> for the options not given."""
-    import os
-
-    from miles.config.values import parse_scalar
-
     out = dict(given)
     for s in recipe_specs(recipe):
         var = ENV_PREFIX + s.name.upper()
@@ -145,20 +149,13 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
             execute(inv, checkpoint=kwargs.get("checkpoint"))
 
     run.__doc__ = SUMMARIES[command]
-    import inspect
-
-    import typer
-
     ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-    from miles_cli.help import help_parameters
-
     panels = list(dict.fromkeys(s.panel for s in [*r_specs, *e_specs, *run_control_specs(command)]))
     func = with_signature(run, [(ctx_param, None), *params, *help_parameters(panels)])
     setattr(func, FLAG_HINTS, flag_hints(recipe, command))
     return func
 
 
-def _as_plain_default(doc):
-    import dataclasses
-
+def _as_plain_default(doc: FlagDoc) -> FlagDoc:
+    """A derived option that the recipe or the user set: help shows its value, not the rule's."""
     return dataclasses.replace(doc, derived_value=None, default=doc.derived_value if doc.derived_value is not None else doc.default)

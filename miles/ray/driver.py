@@ -133,7 +133,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 wait([w.load_state_dict.remote(state) for w in workers], "the training workers to load the checkpoint")
                 wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
                 start, resumed_from = rollout_id + 1, rollout_id
-                get_console().print(f"Resumed from the checkpoint of rollout {rollout_id} in {cfg.ckpt.load}; continuing at rollout {start}.")
+                get_console().print(f"Resumed from rollout {rollout_id} ({cfg.ckpt.load}); continuing at rollout {start}.")
 
         tracker = Tracker(
             # Rollout r is logged as step r + 1, so a resume at rollout `start` rewrites steps from start + 1.

@@ -8,7 +8,6 @@ Run: pytest tests/cli/test_one_setting_one_flag.py
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
