@@ -96,6 +96,21 @@ class Invocation:
         return out
 
 
+def in_user_terms(error: UserError, recipe: ModuleType) -> UserError:
+    """The same error, naming the recipe option where the engine's checks name an engine option that
+    has no flag of its own (`--actor-num-nodes` → `--num-nodes`). Options whose values differ
+    (`--hardware` picks `device`) keep the engine's name: the sentence's values are the engine's."""
+    message, option = str(error), error.option
+    for name, r in linked_options(recipe).items():
+        e = next(s for s in option_specs() if s.name == name)
+        if e.flag != r.flag and r.field.metadata.get("to_engine") is None:
+            message = message.replace(e.flag, r.flag)
+            option = r.flag if option == e.flag else option
+    if message == str(error):
+        return error
+    return UserError(message, option=option)
+
+
 def _parse_layer(parser: Any, tokens: list[str], where: str, command: Command, recipe: ModuleType) -> dict[str, Any]:
     """Engine values in `tokens`, parsed by the command's own parser (the one the command line uses)."""
     if not tokens:
@@ -186,7 +201,10 @@ def resolve_invocation(
     cfg.run = RunContext(run_id=options.run_id, run_dir=options.run_dir)
     unset_derived = {s.name for s in option_specs() if s.derived is not None and cfg.get(s.name) is None}
     if check:
-        resolve_config(cfg, purpose="eval" if command == "eval" else "train")
+        try:
+            resolve_config(cfg, purpose="eval" if command == "eval" else "train")
+        except UserError as e:
+            raise in_user_terms(e, recipe) from None
     else:
         fill_derived(cfg)
     for s in option_specs():
@@ -259,4 +277,7 @@ def run(recipe: str | None = None, command: Command = "train", *, checkpoint: st
     inv = resolve(recipe, command, **overrides)
     from miles_cli.execute import execute
 
-    return execute(inv, checkpoint=checkpoint)
+    try:
+        return execute(inv, checkpoint=checkpoint)
+    except UserError as e:
+        raise in_user_terms(e, inv.recipe) from None

@@ -29,6 +29,7 @@ from miles_cli.api import (
     Invocation,
     engine_specs_for,
     flag_hints,
+    in_user_terms,
     recipe_specs,
     resolve_invocation,
 )
@@ -146,7 +147,10 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
             print_changed_options(inv)
             from miles_cli.execute import execute
 
-            execute(inv, checkpoint=kwargs.get("checkpoint"))
+            try:
+                execute(inv, checkpoint=kwargs.get("checkpoint"))
+            except UserError as e:
+                raise in_user_terms(e, recipe) from None
 
     run.__doc__ = SUMMARIES[command]
     ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)

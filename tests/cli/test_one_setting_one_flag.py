@@ -121,6 +121,13 @@ def test_a_copy_in_plan_would_be_caught(monkeypatch):
         test_no_recipe_option_is_copied_into_an_engine_flag("tiny-qwen3")
 
 
+def test_engine_checks_name_the_flag_the_user_has():
+    r = miles("train", "--dry-run", "--num-nodes", "2")
+    assert r.returncode == 2 and r.stderr.startswith("Error: --num-nodes > 1 needs a multi-node Ray cluster"), r.stderr
+    r = miles("train", "--dry-run", "--num-gpus-per-node", "3")
+    assert "(--num-nodes × --num-gpus-per-node = 3)" in r.stderr and "actor" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("recipe_name", sorted(RECIPES))
 def test_deterministic_mode_gets_its_environment_in_every_recipe(recipe_name):
     r = miles("train", "--dry-run", "--model-name", recipe_name, "--train-deterministic")
