@@ -213,6 +213,17 @@ def resolve_invocation(
     return Invocation(command, recipe, options, plan, cfg, sources, env={**plan.env, **run_environment(cfg)})
 
 
+def recipe_values_from_env(recipe: ModuleType, given: dict[str, Any], environ: Any = None) -> dict[str, Any]:
+    """`given` plus the recipe options set by MILES_SCRIPT_<FIELD> (the ones not given)."""
+    environ = os.environ if environ is None else environ
+    out = dict(given)
+    for s in recipe_specs(recipe):
+        var = ENV_PREFIX + s.name.upper()
+        if s.name not in out and environ.get(var):
+            out[s.name] = parse_scalar(s, environ[var], source=f"${var}")
+    return out
+
+
 def _unknown(name: str, known: Iterable[str]) -> UserError:
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
@@ -240,13 +251,8 @@ def resolve(
     module = get_recipe(recipe or environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE)
     r_specs = {s.name: s for s in recipe_specs(module)}
     e_specs = {s.name: s for s in engine_specs_for(module, command)}
-    recipe_values: dict[str, Any] = {"model_name": module.NAME}
-    recipe_sources: dict[str, str] = {}
-    for name, s in r_specs.items():
-        var = ENV_PREFIX + name.upper()
-        if name != "model_name" and environ.get(var):
-            recipe_values[name] = parse_scalar(s, environ[var], source=f"${var}")
-            recipe_sources[name] = "env MILES_SCRIPT_*"
+    recipe_values = recipe_values_from_env(module, {"model_name": module.NAME}, environ)
+    recipe_sources = {name: "env MILES_SCRIPT_*" for name in recipe_values if name != "model_name"}
     if extra_args is not None:
         overrides["extra_args"] = extra_args
     engine_values: dict[str, Any] = {}

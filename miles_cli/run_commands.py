@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -31,9 +30,9 @@ from miles_cli.api import (
     flag_hints,
     in_user_terms,
     recipe_specs,
+    recipe_values_from_env,
     resolve_invocation,
 )
-from miles.config.values import parse_scalar
 from miles.docs.model import FlagDoc
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.help import help_parameters
@@ -79,21 +78,11 @@ def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | N
             passthrough = list(ctx.args)
     for attempt in ((options_given, engine_given, passthrough), (options_given, {}, []), ({}, {}, [])):
         try:
-            options = recipe.Options(**_with_env(recipe, attempt[0]))
+            options = recipe.Options(**recipe_values_from_env(recipe, attempt[0]))
             return resolve_invocation(command, recipe, options, attempt[1], attempt[2], check=False)
         except (UserError, TypeError, ValueError):
             continue
     return None
-
-
-def _with_env(recipe: ModuleType, given: dict[str, Any]) -> dict[str, Any]:
-    """Recipe option values from MILES_SCRIPT_<FIELD> for the options not given."""
-    out = dict(given)
-    for s in recipe_specs(recipe):
-        var = ENV_PREFIX + s.name.upper()
-        if s.name not in out and os.environ.get(var):
-            out[s.name] = parse_scalar(s, os.environ[var], source=f"${var}")
-    return out
 
 
 def _source_label(source: Any, derived: bool) -> str:
