@@ -130,7 +130,10 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
             from miles_cli.output import print_changed_options, print_options_table, print_plan
 
             if kwargs["dry_run"]:
+                from miles.run_guard import preflight
+
                 print_options_table(inv)
+                preflight(inv, kwargs.get("checkpoint"))  # every check the run makes before it starts
                 print_plan(inv)
                 return
             print_changed_options(inv)

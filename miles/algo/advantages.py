@@ -14,7 +14,9 @@ Two steps, split as upstream miles splits them:
      token, discounted: `G_t = r_t + gamma * G_{t+1}`; advantages = returns = G;
    - ppo: the same token rewards, GAE: `delta_t = r_t + gamma V_{t+1} - V_t` (V after the last trained
      token is 0, also for truncated responses), `A_t = delta_t + gamma lambd A_{t+1}`, returns `A + V`;
-   - `--normalize-advantages`: whiten advantages over all trained tokens of the batch.
+   - `--normalize-advantages`: whiten advantages over all trained tokens of the rollout; with data
+     parallelism the count, sum and sum of squares are summed over the DP group (`all_reduce`), so
+     every rank uses the same mean and std and DP=N equals DP=1.
 
 Masked tokens (loss mask 0: tool output, removed samples) are not steps of the decision process:
 the recursions run over the trained tokens only, so masked tokens neither receive reward nor get
@@ -28,7 +30,7 @@ token (an empty response) gets empty/zero tensors, never NaN.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,6 +39,9 @@ from miles.config.algo import AlgoConfig
 
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
+
+AllReduce = Callable[[torch.Tensor], object]
+"""Sums a tensor in place over the data-parallel group (the signature of `torch.distributed.all_reduce`)."""
 
 
 def normalize_group_rewards(
@@ -74,17 +79,23 @@ def compute_advantages_and_returns(
     log_probs: Sequence[torch.Tensor] | None = None,
     ref_log_probs: Sequence[torch.Tensor] | None = None,
     values: Sequence[torch.Tensor] | None = None,
+    all_reduce: AllReduce | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-token advantages and returns for `cfg.advantage_estimator` (see the module docstring).
 
+    `all_reduce` sums a float64 tensor in place over the data-parallel group (e.g.
+    `torch.distributed.all_reduce`); `--normalize-advantages` whitens with statistics over the whole
+    group through it. None means this process holds the whole rollout.
+
     `rewards` holds one scalar per sample, already group-normalised by train_data for grpo, gspo and
-    reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached.
+    reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached. The group
+    statistics are taken on the rollout side over whole groups and every estimator here works per
+    sample, so the samples need not form whole groups of `n_samples_per_prompt` (a data-parallel rank
+    may hold part of a group); the argument is accepted for interface stability.
     """
     n = len(loss_masks)
     if rewards.numel() != n:
         raise ValueError(f"{rewards.numel()} rewards for {n} samples")
-    if n % max(n_samples_per_prompt, 1):
-        raise ValueError(f"{n} samples do not split into groups of {n_samples_per_prompt}")
     masks = [m.detach().to(torch.float32) for m in loss_masks]
     rewards = rewards.detach().to(torch.float32).reshape(-1)
     kl = _token_kl(cfg, masks, log_probs, ref_log_probs)
@@ -111,7 +122,7 @@ def compute_advantages_and_returns(
         raise ValueError(f"unknown advantage estimator {estimator!r}")
 
     if cfg.normalize_advantages:
-        advantages = whiten(advantages, masks)
+        advantages = whiten(advantages, masks, all_reduce=all_reduce)
     return advantages, returns
 
 
@@ -200,17 +211,33 @@ def gae(
     return _unpack(adv, idx, masks), _unpack(adv + v, idx, masks)
 
 
-def whiten(advantages: Sequence[torch.Tensor], masks: Sequence[torch.Tensor], *, eps: float = WHITEN_EPS) -> list[torch.Tensor]:
+def whiten(
+    advantages: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor],
+    *,
+    eps: float = WHITEN_EPS,
+    all_reduce: AllReduce | None = None,
+) -> list[torch.Tensor]:
     """`(A - mean) / sqrt(var + eps)` with mean and (Bessel-corrected) var over all trained tokens.
 
-    Masked positions stay 0. With no trained token at all the advantages are returned unchanged.
+    With `all_reduce` the tokens are those of every data-parallel rank: the token count and sum, then
+    the sum of squared deviations, are summed over the group (two float64 collectives; every rank
+    must call this). Masked positions stay 0. With no trained token at all the advantages are
+    returned unchanged.
     """
-    count = sum(float(m.sum()) for m in masks)
+    stats = torch.tensor(
+        [sum(float(m.sum()) for m in masks), sum(float((a * m).sum()) for a, m in zip(advantages, masks))],
+        dtype=torch.float64,
+    )
+    if all_reduce is not None:
+        all_reduce(stats)
+    count, total = float(stats[0]), float(stats[1])
     if count == 0:
         return [a.clone() for a in advantages]
-    total = sum(float((a * m).sum()) for a, m in zip(advantages, masks))
     mean = total / count
-    sq = sum(float((((a - mean) * m) ** 2).sum()) for a, m in zip(advantages, masks))
-    var = sq / (count - 1) if count >= 2 else sq / count
+    sq = torch.tensor([sum(float((((a - mean) * m) ** 2).sum()) for a, m in zip(advantages, masks))], dtype=torch.float64)
+    if all_reduce is not None:
+        all_reduce(sq)
+    var = float(sq[0]) / (count - 1) if count >= 2 else float(sq[0]) / count
     scale = (var + eps) ** -0.5
     return [(a - mean) * scale * m for a, m in zip(advantages, masks)]

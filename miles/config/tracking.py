@@ -51,5 +51,9 @@ class TrackingConfig:
     wandb_group: str | None = option(help="wandb group.", derived=_RUN_ID)
     wandb_dir: str | None = option(help="wandb directory.", derived=Derived("<run dir>/wandb", _in_run_dir("wandb")))
     use_prometheus: bool = option(False, help="Serve metrics as Prometheus gauges on --prometheus-port.")
+    prometheus_host: str = option(
+        "127.0.0.1",
+        help="Address the Prometheus endpoint binds; 127.0.0.1 serves this machine only, 0.0.0.0 lets other hosts scrape it.",
+    )
     prometheus_port: int = option(9090, help="Port of the Prometheus metrics endpoint.", env="PROMETHEUS_PORT")
     prometheus_run_name: str | None = option(help="Value of the run_name label on gauges.", derived=_RUN_ID)

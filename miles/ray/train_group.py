@@ -53,6 +53,7 @@ class TrainWorker:
             dp_rank=rank,
             dp_world_size=world_size,
             ref_hf_dir=cfg.ckpt.ref_load,
+            temperature=cfg.rollout.rollout_temperature,
         )
 
     def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:

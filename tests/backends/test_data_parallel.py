@@ -19,10 +19,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_equal_one_process(tiny_hf_dir, tmp_path):
+@pytest.mark.parametrize(
+    "algo, n",
+    [
+        ({}, 2),
+        # Whitening statistics over the whole DP group: per-rank statistics would give each half of
+        # the batch its own mean/std (the rewards of make_train_data differ between the halves).
+        # And 8 samples per prompt with 4 per rank: the rewards are normalised on the rollout side,
+        # so a rank holding half a group is fine (it used to raise "not whole groups").
+        ({"normalize_advantages": True}, 8),
+    ],
+    ids=["plain", "normalize_advantages_half_groups"],
+)
+def test_two_ranks_equal_one_process(tiny_hf_dir, tmp_path, algo, n):
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=run_rank, args=(r, 2, port, tiny_hf_dir, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=run_rank, args=(r, 2, port, tiny_hf_dir, str(tmp_path), algo, n)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -34,7 +46,7 @@ def test_two_ranks_equal_one_process(tiny_hf_dir, tmp_path):
     assert [p.exitcode for p in procs] == [0, 0], "a data-parallel rank failed; see its traceback above"
 
     dp2 = torch.load(tmp_path / "weights.pt", weights_only=True)
-    dp1, dp1_metrics = train_reference_rollouts(tiny_hf_dir)
+    dp1, dp1_metrics = train_reference_rollouts(tiny_hf_dir, algo=algo, n=n)
     worst = max((dp2[k] - dp1[k]).abs().max().item() for k in dp1)
     # Each rank's micro-batches are exactly the single process's and a 2-way sum is order-free, so
     # on this machine the weights come out bit-identical (worst = 0.0); the contract is <= 1e-6.

@@ -22,7 +22,8 @@ rank) and passes the same full `train_data` to every rank; each rank trains on i
 Use (in-process or inside a Ray actor):
 
     trainer = TorchTrainer(hf_dir, optimizer_cfg=cfg.optimizer, algo_cfg=cfg.algo, micro_batch_size=2,
-                           deterministic=True, seed=cfg.optimizer.seed)
+                           deterministic=True, seed=cfg.optimizer.seed,
+                           temperature=cfg.rollout.rollout_temperature)
     metrics = trainer.train_step(train_data, rollout_id=0, global_batch_size=8, num_steps_per_rollout=1)
     for name, tensor in trainer.named_weights_for_sync(): ...   # HF names, for the rollout engine
 """
@@ -42,7 +43,6 @@ from miles.backends.torch.optim import LRSchedule, build_optimizer
 from miles.backends.torch.rng import get_rng_state, seed_everything, set_rng_state
 from miles.config.algo import AlgoConfig
 from miles.config.optimizer import OptimizerConfig
-from miles.errors import UserError
 
 STATE_FORMAT = "miles.torch_trainer.v1"
 
@@ -103,6 +103,7 @@ class TorchTrainer:
         dp_rank: int = 0,
         dp_world_size: int = 1,
         ref_hf_dir: str | None = None,
+        temperature: float = 1.0,
     ):
         from miles.algo.entropy import entropy_from_logits
         from miles.algo.losses import get_loss_function
@@ -125,6 +126,9 @@ class TorchTrainer:
         self.device = device
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
+        self.temperature = temperature
+        """The rollout temperature: every forward (old, ref, training) scores softmax(logits / T), the
+        distribution the engine sampled from (forward.scale_logits_by_temperature)."""
 
         seed_everything(seed, deterministic=deterministic)
         self.model = _load_causal_lm(hf_dir, device)
@@ -186,6 +190,7 @@ class TorchTrainer:
                     [train_data["tokens"][i] for i in mb],
                     [train_data["response_lengths"][i] for i in mb],
                     device=self.device,
+                    temperature=self.temperature,
                 )
                 out.extend(lp.detach() for lp in lps)
         return out
@@ -223,13 +228,9 @@ class TorchTrainer:
         }
         per_sample: dict[str, dict[int, torch.Tensor]] = {}
         if not self.is_sft:
-            if len(local) % n_samples_per_prompt:
-                raise UserError(
-                    f"each of the {self.dp_world_size} training workers gets {len(local)} samples of rollout "
-                    f"{rollout_id}, not whole groups of --n-samples-per-prompt {n_samples_per_prompt}; make "
-                    "--global-batch-size / workers a multiple of --n-samples-per-prompt.",
-                    option="--global-batch-size",
-                )
+            # A rank may hold part of a prompt group (e.g. 8 samples per prompt, 4 per rank): the group
+            # statistics were taken over whole groups on the rollout side, and every estimator here
+            # works per sample (whitening is reduced over the DP group).
             per_sample = self._prepare_policy_inputs(train_data, plans, local, masks, n_samples_per_prompt)
 
         step_metrics: list[dict[str, float]] = []
@@ -299,6 +300,7 @@ class TorchTrainer:
             n_samples_per_prompt=n_samples_per_prompt,
             log_probs=old,
             ref_log_probs=ref,
+            all_reduce=dist.all_reduce if self.dp_world_size > 1 else None,
         )
         out["advantages"] = dict(zip(local, advantages))
         out["returns"] = dict(zip(local, returns))
@@ -327,6 +329,7 @@ class TorchTrainer:
                 [train_data["response_lengths"][i] for i in mb],
                 entropy_fn=None if self.is_sft else self._entropy_fn,
                 device=self.device,
+                temperature=self.temperature,
             )
             mb_masks = [masks[i] for i in mb]
             if self.is_sft:
