@@ -47,7 +47,9 @@ def test_api_resolves_what_the_cli_resolves(command, argv, kwargs, tmp_path, mon
         [sys.executable, "-m", "miles_cli.main", command, "--dry-run", *argv],
         capture_output=True, text=True, timeout=120, env={**env, "COLUMNS": "400", "NO_COLOR": "1"},
     )
-    assert r.returncode == 0, r.stderr
+    # --dry-run prints the table, then runs the run's input checks; in this empty directory the
+    # prepared model/data do not exist, which is the one error allowed here (exit 2, after the table).
+    assert r.returncode == 0 or (r.returncode == 2 and "does not exist" in r.stderr), r.stderr
     cli = {flag: value for flag, (value, _) in table_rows(r.stdout).items()}
     kwargs = dict(kwargs)
     recipe = kwargs.pop("recipe", None)
