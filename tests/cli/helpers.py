@@ -73,3 +73,13 @@ def table_rows(output: str) -> dict[str, tuple[str, str]]:
         if m:
             rows[m.group(1)] = (m.group(2), m.group(3))
     return rows
+
+
+def dry_run_ok(r) -> bool:
+    """`--dry-run` printed its table and passed every check, or stopped only because the prepared
+    model/data of the recipe do not exist in this empty test directory (exit 2, one error line, after
+    the table): the run's input checks are part of --dry-run (issue 14)."""
+    if r.returncode == 0:
+        return True
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    return r.returncode == 2 and len(errors) == 1 and "does not exist" in errors[0] and "Traceback" not in r.stderr
