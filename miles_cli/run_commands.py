@@ -133,8 +133,9 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
                 from miles.run_guard import preflight
 
                 print_options_table(inv)
-                preflight(inv, kwargs.get("checkpoint"))  # every check the run makes before it starts
                 print_plan(inv)
+                # Every check the run makes before it starts, last, so an error is never buried.
+                preflight(inv, kwargs.get("checkpoint"))
                 return
             print_changed_options(inv)
             from miles_cli.execute import execute
