@@ -6,10 +6,7 @@ imported only when the command runs (it needs torch and megatron-core).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
-
-import typer
 
 from miles.config.convert import ConvertOptions
 from miles.config.engine import specs_of
@@ -22,7 +19,7 @@ SUMMARY = "Convert checkpoints between Hugging Face safetensors and megatron-cor
 def build_convert_command():
     specs = specs_of(ConvertOptions, "convert", "Convert")
     defaults = ConvertOptions()
-    params = [make_parameter(s, getattr(defaults, s.name)) for s in specs]
+    params = [make_parameter(s, getattr(defaults, s.name)) for s in specs]  # --save is declared required
 
     def convert(**kwargs: Any) -> None:
         with user_errors_exit_2():

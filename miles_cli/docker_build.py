@@ -17,20 +17,20 @@ from __future__ import annotations
 import os
 import subprocess
 from datetime import datetime, timezone
-from typing import Annotated, Optional
+from typing import Any
 
 import typer
 
-from miles.docker_images import DEFAULT_DOCKERFILE, ImageTagMode, VariantName, find_repo_root, plan_build
+from miles.config.docker_build import DockerBuildOptions
+from miles.config.engine import specs_of
+from miles.docker_images import find_repo_root, plan_build
 from miles.errors import UserError
 from miles_cli.errors import user_errors_exit_2
+from miles_cli.params import make_parameter, with_signature
 
 DOCKER_PROBE_TIMEOUT_S = 20.0
 # A cold multi-arch build compiles for hours; this only catches a build that hangs forever.
 BUILD_TIMEOUT_S = 8 * 3600.0
-
-_IMAGE = "Image"
-_BUILD = "Build"
 
 
 def _utc_now() -> datetime:
@@ -62,62 +62,21 @@ def check_docker() -> None:
     _probe(["docker", "buildx", "version"], "docker buildx")
 
 
-def docker_build(
-    variant: Annotated[
-        VariantName,
-        typer.Option(
-            help="Which image to build (see docs/docker.md for each one).", rich_help_panel=_IMAGE
-        ),
-    ],
-    image_tag: Annotated[
-        ImageTagMode,
-        typer.Option(
-            help="latest: <image>:latest<postfix>; dev: <image>:<prefix><postfix> plus a copy suffixed "
-            "-<UTC YYYYmmddHHMM>; custom: <image>:<--custom-tag><postfix>.",
-            rich_help_panel=_IMAGE,
-        ),
-    ],
-    custom_tag: Annotated[
-        str,
-        typer.Option(
-            help="The tag for --image-tag custom (required then, rejected otherwise).",
-            rich_help_panel=_IMAGE,
-        ),
-    ] = "",
-    build_arg: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--build-arg",
-            metavar="KEY=VALUE",
-            help="Extra Docker build arg; repeatable; overrides the variant's and an earlier one "
-            "with the same KEY.",
-            rich_help_panel=_BUILD,
-        ),
-    ] = None,
-    dockerfile: Annotated[
-        Optional[str],
-        typer.Option(
-            help=f"Dockerfile relative to the repository root (default: {DEFAULT_DOCKERFILE}); "
-            "ROCm variants always use their own docker/Dockerfile.rocm.",
-            rich_help_panel=_BUILD,
-        ),
-    ] = None,
-    push: Annotated[
-        bool,
-        typer.Option(help="Push the tags to the registry when the build succeeds.", rich_help_panel=_BUILD),
-    ] = False,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            help="Print the exact `docker buildx build` command as one shell-quoted line and exit; "
-            "needs no Docker.",
-            rich_help_panel=_BUILD,
-        ),
-    ] = False,
-) -> None:
-    """Build a miles Docker image (SGLang base image + this checkout) with docker buildx."""
-    with user_errors_exit_2():
-        _docker_build(variant, image_tag, custom_tag, build_arg or [], dockerfile, push, dry_run)
+def build_docker_build_command():
+    """The `docker-build` command function, its options generated from `DockerBuildOptions`."""
+    specs = specs_of(DockerBuildOptions, "docker_build", "Build")
+    params = [make_parameter(s, s.default) for s in specs]
+
+    def docker_build(**kwargs: Any) -> None:
+        with user_errors_exit_2():
+            o = DockerBuildOptions(**kwargs)
+            _docker_build(o.variant, o.image_tag, o.custom_tag, o.build_arg or [], o.dockerfile, o.push, o.dry_run)
+
+    docker_build.__doc__ = "Build a miles Docker image (SGLang base image + this checkout) with docker buildx."
+    return with_signature(docker_build, params)
+
+
+docker_build = build_docker_build_command()
 
 
 def _docker_build(
@@ -130,23 +89,17 @@ def _docker_build(
     dry_run: bool,
 ) -> None:
     repo_root = find_repo_root()
-    try:
-        plan = plan_build(
-            variant,
-            image_tag,
-            repo_root=repo_root,
-            environ=os.environ,
-            now=_utc_now(),
-            custom_tag=custom_tag,
-            build_args=build_arg,
-            dockerfile=dockerfile,
-            push=push,
-        )
-    except UserError as err:
-        if err.option is None:
-            raise
-        # Option mistakes get Click's usage message and exit code 2 under any Typer app.
-        raise typer.BadParameter(str(err), param_hint=f"'{err.option}'") from None
+    plan = plan_build(
+        variant,
+        image_tag,
+        repo_root=repo_root,
+        environ=os.environ,
+        now=_utc_now(),
+        custom_tag=custom_tag,
+        build_args=build_arg,
+        dockerfile=dockerfile,
+        push=push,
+    )
     if dockerfile is not None and plan.dockerfile != dockerfile and plan.variant.dockerfile:
         typer.echo(
             f"note: variant {variant} always builds from {plan.dockerfile}; "

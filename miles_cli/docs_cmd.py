@@ -5,7 +5,8 @@
     miles docs check --docs-dir my-docs
 
 This module is the CLI side of `miles.docs`: it turns the real Typer app into the plain
-`miles.docs.model.CliModel` (walking the Click commands that `--help` renders, once per recipe), and
+`miles.docs.model.CliModel` (the `FlagDoc`s each command was generated from, which `--help` renders
+too, once per recipe), and
 runs commands in-process for the code-block checks. Generators and checkers live in `miles/docs/`.
 Importing it is light (typer only); the work is imported when a command runs.
 """
@@ -14,18 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
+
+from miles.errors import UserError
+from miles_cli.params import PARAMETER_DOCS
 
 SUMMARY = "Generate the reference pages (generate) or check every page against the code (check)."
 # Commands whose real run starts work (training, a build): the docs checks append --dry-run to them.
 STARTS_WORK = {"full-train", "train", "eval", "docker-build"}
-_TRAILING = re.compile(r"\s*\[(default|derived): (.*)\]$")
 
 
 def repo_root() -> Path:
@@ -53,71 +54,24 @@ def _click_group(argv: list[str]):
     return typer.main.get_command(build_app(argv))
 
 
-def _help_items(param: Any, ctx: Any) -> list[str]:
-    # The exact pieces `--help` renders for a parameter (help, [env var], [default], [required]);
-    # typer keeps this helper private, and the test against rendered --help output pins its behaviour.
-    from typer import rich_utils
-
-    columns = rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode="rich")
-    return [getattr(r, "plain", str(r)) for r in columns.renderables]
-
-
-def _choices(annotation: Any) -> tuple[str, ...]:
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType")):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        annotation = args[0] if len(args) == 1 else annotation
-    if typing.get_origin(annotation) is Literal:
-        return tuple(str(c) for c in typing.get_args(annotation))
-    return ()
-
-
-def flag_doc(param: Any, ctx: Any):
+def _plain_flag_doc(param: Any):
+    """A FlagDoc for an option declared directly on a Typer function (the docs commands' own options)."""
     from miles.docs.model import FlagDoc
 
-    items = _help_items(param, ctx)
-    text = items[0] if items and not items[0].startswith("[") else ""
-    default = derived = env = unsupported = None
-    for item in items:
-        m = re.fullmatch(r"\[default: (.*)\]", item)
-        if m:
-            default = m.group(1)
-        m = re.fullmatch(r"\[env var: (.*)\]", item)
-        if m:
-            env = m.group(1)
-    m = _TRAILING.search(text)
-    if m:
-        text = text[: m.start()]
-        if m.group(1) == "default":
-            default = m.group(2)
-        else:
-            derived = m.group(2)
-    if "Not available in this build: " in text:
-        text, _, reason = text.partition(" Not available in this build: ")
-        unsupported = reason.rstrip(".")
-    m = re.search(r" Env: ([A-Z][A-Z0-9_]*)\.$", text)
-    if m:
-        text, env = text[: m.start()], env or m.group(1)
-    try:
-        shown_type = param.display_type(ctx)
-    except TypeError:
-        shown_type = param.display_type()
-    shown_type = param.metavar or shown_type.strip("<>")
-    if param.is_flag:
-        shown_type = "bool"
+    default = param.default
     return FlagDoc(
         flags=tuple(param.opts) + tuple(param.secondary_opts),
         name=param.name,
-        panel=param.rich_help_panel or "Options",
-        type=shown_type,
-        choices=_choices(param.type_descriptor.annotation),
-        default=default,
-        default_value=param.default,
+        panel="Options",
+        type="bool" if param.is_flag else "path",
+        choices=(),
+        default=None if default is None else str(default),
+        default_value=default,
         required=bool(param.required),
-        derived=derived,
-        env=env,
-        unsupported=unsupported,
-        help=text.strip(),
-        repeatable=bool(param.multiple),
+        derived=None,
+        env=None,
+        unsupported=None,
+        help=(param.help or "").strip(),
     )
 
 
@@ -137,8 +91,12 @@ def command_docs(group: Any) -> dict[str, Any]:
 
     docs = {}
     for name, cmd in _commands(group):
-        ctx = typer._click.Context(cmd, info_name=name)
-        flags = tuple(flag_doc(p, ctx) for p in cmd.params if p.name != "help")
+        declared = getattr(cmd.callback, PARAMETER_DOCS, {}) or {}
+        flags = tuple(
+            declared[p.name] if p.name in declared else _plain_flag_doc(p)
+            for p in cmd.params
+            if p.name != "help" and (p.expose_value or p.name in declared)
+        )
         docs[name] = CommandDoc(
             name=name,
             summary=(cmd.short_help or cmd.help or "").strip(),
@@ -194,7 +152,7 @@ def parse_only(argv: list[str], env: dict[str, str]) -> str | None:
             return str(e)
         rest, name = list(argv), "miles"
         while hasattr(cmd, "commands"):  # walk down to the (sub)command
-            if not rest or rest[0] == "--help":
+            if not rest or rest[0] in ("--help", "--install-completion", "--show-completion"):
                 return None
             name = rest.pop(0)
             if name not in cmd.commands:
@@ -220,7 +178,7 @@ def cli_model():
     from miles.config.values import format_value
     from miles.docs.model import CliModel, RecipeDoc
     from miles_cli.main import APP_HELP
-    from miles_cli.run_commands import engine_defaults, recipe_defaults
+    from miles_cli.api import resolve_invocation
     from recipes import DEFAULT_RECIPE, RECIPES
     from recipes.base import ENV_PREFIX, RecipeOptions
 
@@ -241,12 +199,13 @@ def cli_model():
                 extra.append(flag)
             elif f.name != "model_name" and getattr(options, f.name) != getattr(base, f.name):
                 changed[flag] = (format_value(getattr(base, f.name)), format_value(getattr(options, f.name)))
-        plan = module.plan(recipe_defaults(module))
+        inv = resolve_invocation("train", module, module.Options(), {}, [], check=False)
         declared = {s.name: s for s in option_specs()}
         engine = {}
-        for field_name, value in engine_defaults(module, plan).items():
+        for field_name in inv.plan.engine:
             s = declared[field_name]
-            if field_name in plan.engine and value != s.default:
+            value = inv.config.get(field_name)
+            if value != s.default:
                 engine[s.flag] = (format_value(s.default), format_value(value))
         recipes[name] = RecipeDoc(
             name=name,
@@ -256,11 +215,14 @@ def cli_model():
             changed_options=changed,
             extra_options=tuple(extra),
             engine_defaults=engine,
-            env=dict(plan.env),
+            env=dict(inv.env),
         )
+    from miles_cli.api import linked_options
+
+    linked = linked_options(RECIPES[DEFAULT_RECIPE])  # engine options a recipe option names: that is their flag
     groups = []
     for attr, cls, panel in GROUPS:
-        flags = [s.flag for s in option_specs() if s.group == attr]
+        flags = [linked[s.name].flag if s.name in linked else s.flag for s in option_specs() if s.group == attr]
         groups.append((panel, f"{cls.__module__}.{cls.__name__}", flags))
     return CliModel(
         program="miles",
@@ -271,6 +233,12 @@ def cli_model():
         recipe_flags=recipe_flags,
         env_prefix=ENV_PREFIX,
         groups=groups,
+        declared_defaults={s.flag: format_value(s.default) for s in option_specs()},
+        run_env={
+            var: (value, linked[s.name].flag if s.name in linked else s.flag)
+            for s in option_specs()
+            for var, value in s.run_env.items()
+        },
         invoke=invoke,
         parse=parse_only,
     )
@@ -302,6 +270,8 @@ def check_command(
     from miles.docs.check import check_all
 
     root = root or repo_root()
+    if docs_dir is not None and not docs_dir.is_dir():
+        raise UserError(f"--docs-dir {docs_dir} is not a directory; give the directory of the pages to check.", option="--docs-dir")
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     problems, notes = check_all(root, cli_model(), docs_dir=docs_dir, progress=console)
     for note in notes:

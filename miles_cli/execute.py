@@ -19,15 +19,18 @@ console = Console()
 _stderr = Console(stderr=True)
 
 
-def execute(inv, *, checkpoint: str | None = None) -> None:
-    os.environ.update(inv.plan.env)
+def execute(inv, *, checkpoint: str | None = None):
+    """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
+    os.environ.update(inv.env)
+    # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     cfg = inv.config
     preflight(inv, checkpoint)
     if inv.command == "eval":
         from miles.eval.run import run_eval
 
         run_eval(cfg, checkpoint=checkpoint, run_dir=inv.options.run_dir)
-        return
+        return None
     from miles.ray.actor_death import ActorDied
     from miles.run_stop import kept_report, stop_exit_code, stop_report
 
@@ -40,8 +43,11 @@ def execute(inv, *, checkpoint: str | None = None) -> None:
                 run_prepare_steps(inv.plan.prepare)
                 guard.inputs_ready()
             from miles.ray.driver import run_training
+            from miles_cli.output import write_options_file
 
-            result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.plan.env)
+            # Training runs only: an eval is a reader and never writes into a run directory.
+            write_options_file(inv)
+            result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.env)
     except KeyboardInterrupt as e:
         _stderr.print(escape(stop_report(e, **kept)), highlight=False, soft_wrap=True)
         raise typer.Exit(stop_exit_code(e)) from None
@@ -52,6 +58,7 @@ def execute(inv, *, checkpoint: str | None = None) -> None:
         _stderr.print(escape(f"{kept_report(**kept)}\n  {resume_command()}"), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     print_result(result)
+    return result
 
 
 def print_result(result) -> None:

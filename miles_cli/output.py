@@ -1,9 +1,12 @@
-"""Rich output of the CLI: the resolved options table printed on start, and the dry-run plan."""
+"""Rich output of the run commands: the resolved options (all of them for --dry-run and the run
+directory, only those that differ from the recipe's defaults on a normal start) and the dry-run plan."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -14,31 +17,61 @@ from miles.config.values import format_value
 
 console = Console(stderr=False)
 
+OPTIONS_FILE = "options.json"
+"""Written to the run directory on start: every resolved option with its value and source."""
+
 
 def _cell(value: Any, secret: bool = False) -> str:
-    text = "****" if secret and value else format_value(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return "****" if secret and value else format_value(value)
+
+
+def option_rows(inv) -> list[tuple[str, str, str, str]]:
+    """(panel, flag, value, source) for every recipe and engine option of this invocation."""
+    rows = []
+    linked = {f.metadata.get("engine") for f in dataclasses.fields(inv.options)} - {None}
+    for f in dataclasses.fields(inv.options):
+        rows.append(("Recipe", "--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), inv.recipe_sources.get(f.name, "recipe default")))
+    for s in option_specs():
+        if s.name in linked:  # set through the recipe option that names it, shown above
+            continue
+        rows.append((s.panel, s.flag, _cell(inv.config.get(s.name), s.secret), inv.sources.get(s.name, "")))
+    return rows
 
 
 def print_options_table(inv) -> None:
-    """Recipe options, then every engine option with its value and where the value came from."""
+    """Every recipe and engine option with its value and where the value came from (--dry-run)."""
     table = Table(title=f"miles {inv.command} — {inv.options.model_name}", show_lines=False, expand=False)
     table.add_column("Option", style="cyan", no_wrap=True)
     table.add_column("Value", overflow="fold")
     table.add_column("Source", style="dim")
-    recipe_fields = {f.name for f in dataclasses.fields(inv.options)}
-    for f in dataclasses.fields(inv.options):
-        source = inv.recipe_sources.get(f.name, "recipe default")
-        table.add_row("--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), source)
     last_panel = None
-    for s in option_specs():
-        if s.name in recipe_fields:  # set through the recipe option of the same name, shown above
-            continue
-        if s.panel != last_panel:
+    for panel, flag, value, source in option_rows(inv):
+        if panel != last_panel and last_panel is not None:
             table.add_section()
-            last_panel = s.panel
-        table.add_row(s.flag, _cell(inv.config.get(s.name), s.secret), inv.sources.get(s.name, ""))
+        last_panel = panel
+        table.add_row(flag, value, source)
     console.print(table)
+
+
+def print_changed_options(inv) -> None:
+    """On a normal start: the run, and only the options that differ from the recipe's defaults."""
+    changed = inv.differs_from_recipe()
+    console.print(f"[bold]miles {inv.command}[/bold] {inv.options.model_name} → {inv.options.run_dir}")
+    rows = [(flag, value, source) for _, flag, value, source in option_rows(inv) if flag in changed]
+    for flag, value, source in rows:
+        console.print(f"  {flag} {value}  [dim]({source})[/dim]", highlight=False)
+    console.print(f"[dim]Every option: {Path(inv.options.run_dir) / OPTIONS_FILE} (or rerun with --dry-run).[/dim]")
+
+
+def write_options_file(inv) -> Path:
+    """The full resolved table as JSON in the run directory (written atomically)."""
+    path = Path(inv.options.run_dir) / OPTIONS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {flag: {"value": value, "source": source} for _, flag, value, source in option_rows(inv)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"command": inv.command, "env": inv.env, "options": data}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def print_plan(inv) -> None:
@@ -49,7 +82,7 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
-    if inv.plan.env:
-        console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.plan.env.items()))
+    if inv.env:
+        console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.env.items()))
     console.print(f"[bold]Run directory[/bold]: {inv.options.run_dir}")
     console.print("Dry run: nothing was started.")

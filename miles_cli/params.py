@@ -1,9 +1,9 @@
-"""Generate Typer/Click parameters from option declarations (recipe and engine dataclasses).
+"""Generate Typer/Click parameters from option declarations (recipe, engine, run, convert, docker-build).
 
 Each `OptionSpec` becomes one option: `--x/--no-x` for bools (tri-state bools keep None when neither
-is given), a Click choice for `Literal`, repeatable options for lists. The default shown is the one
-that will really apply (recipe value > environment variable > declared default), written by the same
-`format_value` as the options table and the docs; derived options show their rule instead.
+is given), a Click choice for `Literal`, repeatable options for lists. The parameter carries the
+`FlagDoc` it was made from (`param.miles_doc`), which is what `--help` renders (miles_cli/help.py):
+help and the parser are built from the same declaration, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -12,27 +12,13 @@ import inspect
 from typing import Annotated, Any, Callable, Literal, Optional
 
 import typer
-from rich.markup import escape
 
 from miles.config.engine import OptionSpec
-from miles.config.values import format_value
+from miles.docs.model import FlagDoc
+from miles_cli.options import NO_VALUE, flag_doc, help_line
 
-NO_DEFAULT = object()
-
-
-def help_text(spec: OptionSpec, default: Any = NO_DEFAULT) -> str:
-    """The help line: text, derived rule or `[default: X]`, environment variable, and what is unavailable."""
-    parts = [spec.help]
-    if spec.env:
-        parts.append(f"Env: {spec.env}.")
-    if spec.unsupported:
-        parts.append(f"Not available in this build: {spec.unsupported}.")
-    shown = shown_default(spec, default) if default is not NO_DEFAULT else False
-    if shown is not False:
-        parts.append(f"[default: {shown}]")
-    elif spec.derived is not None:
-        parts.append(f"[derived: {spec.derived.text}]")
-    return " ".join(parts)
+PARAMETER_DOCS = "__miles_flag_docs__"
+"""Attribute of a command function: {parameter name: FlagDoc}, read by the help renderer and the docs."""
 
 
 def annotation_of(spec: OptionSpec) -> Any:
@@ -45,34 +31,39 @@ def annotation_of(spec: OptionSpec) -> Any:
     return Optional[base] if (spec.optional or spec.kind == "tristate") else base
 
 
-def shown_default(spec: OptionSpec, default: Any) -> str | bool:
-    """What `[default: ...]` says; False when a derived option is unset (its help states the rule instead)."""
-    if spec.derived is not None and default is None:
-        return False
-    return format_value(default)
+def make_parameter(
+    spec: OptionSpec, value: Any = NO_VALUE, *, envvar: str | None = None, doc: FlagDoc | None = None
+) -> tuple[inspect.Parameter, FlagDoc]:
+    """The Typer parameter for `spec` and the FlagDoc that help shows for it.
 
-
-def make_parameter(spec: OptionSpec, default: Any, *, envvar: str | None = None) -> inspect.Parameter:
+    `value` is the default this invocation really uses (shown by help); the parser's own default is
+    the same value, or None for derived options left to `resolve()`.
+    """
+    doc = doc or flag_doc(spec, value, env=envvar)
     decls = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.kind in ("bool", "tristate") else [spec.flag]
-    # Help is rendered as rich markup: escape it so "[default: x]" is shown, not parsed as a style tag.
-    kwargs: dict[str, Any] = dict(help=escape(help_text(spec, default)), rich_help_panel=spec.panel, show_default=False)
+    kwargs: dict[str, Any] = dict(help=help_line(doc), rich_help_panel=spec.panel, show_default=False)
     if envvar:
         kwargs["envvar"] = envvar
-        kwargs["show_envvar"] = True
     if spec.field.metadata.get("metavar"):
         kwargs["metavar"] = spec.field.metadata["metavar"]
-    value = list(default) if isinstance(default, (list, tuple)) else default
-    return inspect.Parameter(
+    if spec.required:
+        default: Any = inspect.Parameter.empty
+    else:
+        default = None if value is NO_VALUE or spec.derived is not None else value
+        default = list(default) if isinstance(default, (list, tuple)) else default
+    parameter = inspect.Parameter(
         spec.name,
         inspect.Parameter.KEYWORD_ONLY,
-        default=value,
+        default=default,
         annotation=Annotated[annotation_of(spec), typer.Option(*decls, **kwargs)],
     )
+    return parameter, doc
 
 
-def with_signature(func: Callable[..., Any], parameters: list[inspect.Parameter]) -> Callable[..., Any]:
+def with_signature(func: Callable[..., Any], parameters: list[tuple[inspect.Parameter, FlagDoc | None]]) -> Callable[..., Any]:
     """Give `func(**kwargs)` an explicit signature so Typer builds its options from `parameters`."""
-    func.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    func.__signature__ = inspect.Signature([p for p, _ in parameters])  # type: ignore[attr-defined]
+    setattr(func, PARAMETER_DOCS, {p.name: d for p, d in parameters if d is not None})
     return func
 
 

@@ -3,7 +3,10 @@
 A recipe only describes. `plan(options)` returns a `RecipePlan`: the engine option values the recipe
 sets (by field name; the command line, `--extra-args` and `--` override them), environment variables
 for the run, and the prepare steps `miles full-train` runs before training, each guarded by a
-sentinel so a rerun skips what is complete. The steps name functions in `miles/` by import path, so
+sentinel so a rerun skips what is complete. A recipe option that is the user-facing name of an
+engine option (`--num-gpus-per-node` for `--actor-num-gpus-per-node`, `--train-deterministic` for
+`--deterministic-mode`) declares it with `engine=`: the value reaches the engine through that one
+declaration, never through `plan()`, and the engine flag is not offered next to it. The steps name functions in `miles/` by import path, so
 importing a recipe stays as cheap as `miles --help` needs.
 
 Recipe options become CLI flags with the same generator as engine options (`--x/--no-x` for bools,
@@ -40,6 +43,16 @@ class RecipePlan:
     prepare: list[PrepareStep] = field(default_factory=list)
 
 
+def recipe_default(name: str, default: Any, *, help: str | None = None) -> Any:
+    """Redeclare a shared recipe option in a recipe with another default (and optionally other help),
+    keeping everything else its declaration says (the engine option it sets, its rule)."""
+    base = RecipeOptions.__dataclass_fields__[name]
+    metadata = dict(base.metadata)
+    if help is not None:
+        metadata["help"] = help
+    return field(default=default, metadata=metadata)
+
+
 def default_run_id(options: "RecipeOptions", **distinct: object) -> str:
     """`<model-name>[-<mode>][-<key><value>...]`: the default run id carries what makes runs different
     (the mode, and the `distinct` recipe options a recipe passes when they differ from their default),
@@ -61,14 +74,25 @@ class RecipeOptions:
         help="Name of this run; outputs go to <output-dir>/<run-id>, and rerunning with the same id resumes it.",
         derived=Derived("--model-name, plus -<mode> unless --mode normal", lambda r: default_run_id(r)),
     )
-    num_nodes: int = option(1, help="Nodes in the job.")
-    num_gpus_per_node: int = option(8, help="Devices per node (on CPU: training worker processes).")
-    hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
-        "auto", help="Where the recipe runs: cpu forces the CPU; auto or a GPU name uses a visible GPU, else the CPU."
+    num_nodes: int = option(1, help="Nodes for the training actors.", engine="actor_num_nodes")
+    num_gpus_per_node: int = option(
+        8, help="Devices per node for the training actors (on CPU: data-parallel worker processes).",
+        engine="actor_num_gpus_per_node",
     )
-    train_backend: Literal["torch", "megatron"] = option("torch", help="Trainer backend the recipe uses.")
+    hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
+        "auto",
+        help="Where the run trains and generates: cpu forces the CPU; auto or a GPU name uses a visible GPU, else the CPU.",
+        engine="device",
+        to_engine=lambda hardware: "cpu" if hardware == "cpu" else "auto",
+    )
+    train_backend: Literal["torch", "megatron"] = option(
+        "torch", help="Trainer: torch (CPU or GPU, data parallel) or megatron (megatron-core: TP/PP/CP/EP).",
+        engine="train_backend",
+    )
     train_deterministic: bool = option(
-        False, help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights."
+        False,
+        help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights.",
+        engine="deterministic_mode",
     )
     output_dir: str = option("runs", help="Where runs write checkpoints, metrics and plots (<output-dir>/<run-id>).")
     model_dir: str = option("runs/models", help="Where prepared models live.")
@@ -76,6 +100,17 @@ class RecipeOptions:
     extra_args: str = option(
         "", help='Engine flags appended after the recipe\'s and the command line\'s, e.g. "--lr 1e-5 --num-rollout 10"; later wins.'
     )
+
+    def engine_values(self) -> dict[str, Any]:
+        """{engine field: value} for the recipe options that are the user-facing names of engine options."""
+        out = {}
+        for f in dataclasses.fields(self):
+            target = f.metadata.get("engine")
+            if target is not None:
+                convert = f.metadata.get("to_engine")
+                value = getattr(self, f.name)
+                out[target] = convert(value) if convert is not None else value
+        return out
 
     def resolve(self) -> "RecipeOptions":
         for f in dataclasses.fields(self):

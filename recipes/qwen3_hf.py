@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import option
-from recipes.base import PrepareStep, RecipeOptions, RecipePlan
+from recipes.base import PrepareStep, RecipeOptions, RecipePlan, recipe_default
 
 NAME = "qwen3-0.6b"
 SUMMARY = "Qwen3-0.6B from a local Hugging Face directory, GRPO on math prompts (GPU recommended)."
@@ -20,8 +20,7 @@ HF_NAMES = {"qwen3-0.6b": "Qwen3-0.6B"}
 
 @dataclass
 class Options(RecipeOptions):
-    model_name: str = option(NAME, help=RecipeOptions.__dataclass_fields__["model_name"].metadata["help"])
-    num_gpus_per_node: int = option(8, help="Devices per node.")
+    model_name: str = recipe_default("model_name", NAME)
     prompt_file: str = option("dapo-math-17k.jsonl", help="Prompt file inside --data-dir (JSONL with prompt and label keys).")
     eval_file: str = option("aime-2024.jsonl", help="Eval file inside --data-dir (JSONL with prompt and label keys).")
     task: Literal["math"] = option("math", help="Task: math prompts scored by the math verifier.")
@@ -57,12 +56,7 @@ def plan(o: Options) -> RecipePlan:
         "save": f"{run}/checkpoints",
         "load": f"{run}/checkpoints",
         "save_interval": 20,
-        "actor_num_nodes": o.num_nodes,
-        "actor_num_gpus_per_node": o.num_gpus_per_node,
         "colocate": True,
-        "device": "cpu" if o.hardware == "cpu" else "auto",
-        "train_backend": o.train_backend,
-        "deterministic_mode": o.train_deterministic,
     }
     prepare = [
         PrepareStep(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import Derived, option
-from recipes.base import PrepareStep, RecipeOptions, RecipePlan, default_run_id
+from recipes.base import PrepareStep, RecipeOptions, RecipePlan, default_run_id, recipe_default
 
 NAME = "tiny-qwen3"
 SUMMARY = "2-layer Qwen3 (~120k params) with a character tokenizer on two-digit addition; runs on a CPU."
@@ -34,7 +34,7 @@ TASK = {"max_operand": 99, "n_train": 2000, "n_eval": 200, "ops": ("+",)}
 
 @dataclass
 class Options(RecipeOptions):
-    model_name: str = option(NAME, help=RecipeOptions.__dataclass_fields__["model_name"].metadata["help"])
+    model_name: str = recipe_default("model_name", NAME)
     run_id: str | None = option(
         help=RecipeOptions.__dataclass_fields__["run_id"].metadata["help"],
         derived=Derived(
@@ -42,13 +42,9 @@ class Options(RecipeOptions):
             lambda o: default_run_id(o, **({"seed": o.prepare_seed} if o.prepare_seed else {})),
         ),
     )
-    num_gpus_per_node: int = option(1, help="Training worker processes (on CPU each is one data-parallel rank).")
-    hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
-        "cpu", help="Hardware the recipe is tuned for: cpu (auto or a GPU name runs it on a visible GPU)."
-    )
-    train_deterministic: bool = option(
-        True, help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights."
-    )
+    num_gpus_per_node: int = recipe_default("num_gpus_per_node", 1)
+    hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = recipe_default("hardware", "cpu")
+    train_deterministic: bool = recipe_default("train_deterministic", True)
     sft_steps: int | None = option(
         help="Optimizer steps of the SFT warm start before RL.",
         derived=Derived("375, or 2 with --mode debug_minimal", lambda o: 2 if o.mode == "debug_minimal" else 375),
@@ -96,12 +92,7 @@ def plan(o: Options) -> RecipePlan:
         "load": f"{run}/checkpoints",
         "save_interval": 2 if debug else 50,
         "use_mlflow": True,
-        "actor_num_nodes": o.num_nodes,
-        "actor_num_gpus_per_node": o.num_gpus_per_node,
         "colocate": True,
-        "device": "cpu" if o.hardware == "cpu" else "auto",
-        "train_backend": o.train_backend,
-        "deterministic_mode": o.train_deterministic,
         "check_weight_update_equal": debug,
     }
     prepare = [
@@ -143,5 +134,4 @@ def plan(o: Options) -> RecipePlan:
                 "Hugging Face → torch_dist for the megatron trainer",
             )
         )
-    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if o.train_deterministic else {}
-    return RecipePlan(engine=engine, env=env, prepare=prepare)
+    return RecipePlan(engine=engine, prepare=prepare)

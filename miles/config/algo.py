@@ -46,6 +46,7 @@ class AlgoConfig:
         "grpo",
         help="How rewards become per-token advantages: grpo and gspo (group-normalised reward), "
         "reinforce_plus_plus (discounted return), reinforce_plus_plus_baseline (group-centred reward), ppo (GAE over a critic).",
+        unavailable={"ppo": "it needs a critic (a value model), which the torch trainer does not train yet"},
     )
     eps_clip: float = option(0.2, help="PPO clip range below 1: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: float | None = option(

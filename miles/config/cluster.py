@@ -61,5 +61,6 @@ class ClusterConfig:
         env="RAY_ADDRESS",
     )
     device: Literal["auto", "cpu", "cuda"] = option(
-        "auto", help="Device for training and the built-in rollout engine; auto picks cuda when available."
+        "auto", help="Device for training and the built-in rollout engine; auto picks cuda when available.",
+        in_eval=True,
     )

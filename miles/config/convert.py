@@ -35,7 +35,9 @@ class ConvertOptions:
         help="torch_dist checkpoint directory to convert (holding latest_checkpointed_iteration.txt, "
         "or the iteration directory itself); needed with --from torch_dist.",
     )
-    save: str | None = option(None, help="Output directory; written under a temporary name and renamed when complete.")
+    save: str | None = option(
+        None, help="Output directory; written under a temporary name and renamed when complete.", required=True
+    )
     force: bool = option(False, help="Replace --save even when it already holds a complete checkpoint.")
     tensor_model_parallel_size: int = option(
         1,

@@ -30,12 +30,12 @@ def _samples_per_rollout(c) -> int | None:
 @dataclass
 class DataConfig:
     prompt_data: str | None = option(None, help="Prompt dataset: a local .jsonl or .parquet file.")
-    input_key: str = option("input", help="Key of the prompt in each dataset row.")
-    label_key: str | None = option(None, help="Key of the reference answer in each dataset row.")
-    metadata_key: str = option("metadata", help="Key of per-row metadata (a dict) passed to rewards and filters.")
-    tool_key: str = option("tools", help="Key of the tool specifications passed to the chat template.")
-    apply_chat_template: bool = option(False, help="Format prompts with the tokenizer's chat template.")
-    apply_chat_template_kwargs: str = option("{}", help="JSON object of extra keyword arguments for the chat template.")
+    input_key: str = option("input", help="Key of the prompt in each dataset row.", in_eval=True)
+    label_key: str | None = option(None, help="Key of the reference answer in each dataset row.", in_eval=True)
+    metadata_key: str = option("metadata", help="Key of per-row metadata (a dict) passed to rewards and filters.", in_eval=True)
+    tool_key: str = option("tools", help="Key of the tool specifications passed to the chat template.", in_eval=True)
+    apply_chat_template: bool = option(False, help="Format prompts with the tokenizer's chat template.", in_eval=True)
+    apply_chat_template_kwargs: str = option("{}", help="JSON object of extra keyword arguments for the chat template.", in_eval=True)
     num_rollout: int | None = option(None, help="Rollout steps to run; replaces a --num-epoch given earlier (e.g. by the recipe).")
     num_epoch: int | None = option(
         None,

@@ -47,6 +47,15 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
 
 
 @dataclass
+class RunContext:
+    """Which run this configuration is for; not an option. The CLI and `miles_cli.api` set it from the
+    recipe options before `resolve()`, so derived defaults can name the run (tracking sinks)."""
+
+    run_id: str | None = None
+    run_dir: str | None = None
+
+
+@dataclass
 class EngineConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -60,6 +69,7 @@ class EngineConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    run: RunContext = field(default_factory=RunContext)
 
     def get(self, name: str) -> Any:
         return getattr(getattr(self, spec(name).group), name)
@@ -104,6 +114,38 @@ class OptionSpec:
     @property
     def unsupported(self) -> str | None:
         return self.field.metadata.get("unsupported")
+
+    @property
+    def unavailable(self) -> dict[Any, str]:
+        """Choices the type allows but this build rejects, each with the reason."""
+        return self.field.metadata.get("unavailable") or {}
+
+    @property
+    def available_choices(self) -> tuple[Any, ...] | None:
+        if self.choices is None:
+            return None
+        return tuple(c for c in self.choices if c not in self.unavailable)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.field.metadata.get("required"))
+
+    @property
+    def in_eval(self) -> bool:
+        return bool(self.field.metadata.get("in_eval"))
+
+    @property
+    def run_env(self) -> dict[str, str]:
+        return self.field.metadata.get("run_env") or {}
+
+    @property
+    def engine(self) -> str | None:
+        """For a recipe option: the engine option it is the user-facing name of."""
+        return self.field.metadata.get("engine")
+
+    def to_engine(self, value: Any) -> Any:
+        convert = self.field.metadata.get("to_engine")
+        return convert(value) if convert is not None else value
 
     @property
     def secret(self) -> bool:

@@ -14,28 +14,35 @@ class EvalConfig:
     eval_prompt_data: list[str] | None = option(
         None,
         help="Eval datasets as NAME PATH pairs: repeat the flag per value (--eval-prompt-data arith --eval-prompt-data eval.jsonl), or give the pairs in --extra-args.",
+        in_eval=True,
     )
     skip_eval_before_train: bool = option(False, help="Do not evaluate before the first training step.")
     eval_input_key: str | None = option(
-        help="Key of the prompt in eval rows.", derived=Derived("equal to --input-key", lambda c: c.data.input_key)
+        help="Key of the prompt in eval rows.", derived=Derived("equal to --input-key", lambda c: c.data.input_key),
+        in_eval=True,
     )
     eval_label_key: str | None = option(
-        help="Key of the reference answer in eval rows.", derived=Derived("equal to --label-key", lambda c: c.data.label_key)
+        help="Key of the reference answer in eval rows.", derived=Derived("equal to --label-key", lambda c: c.data.label_key),
+        in_eval=True,
     )
-    n_samples_per_eval_prompt: int = option(1, help="Responses generated per eval prompt.")
+    n_samples_per_eval_prompt: int = option(1, help="Responses generated per eval prompt.", in_eval=True)
     eval_temperature: float | None = option(
         help="Sampling temperature for eval (0 = greedy).",
         derived=Derived("equal to --rollout-temperature", lambda c: c.rollout.rollout_temperature),
+        in_eval=True,
     )
     eval_top_p: float | None = option(
-        help="Nucleus sampling for eval.", derived=Derived("equal to --rollout-top-p", lambda c: c.rollout.rollout_top_p)
+        help="Nucleus sampling for eval.", derived=Derived("equal to --rollout-top-p", lambda c: c.rollout.rollout_top_p),
+        in_eval=True,
     )
     eval_top_k: int | None = option(
-        help="Top-k sampling for eval.", derived=Derived("equal to --rollout-top-k", lambda c: c.rollout.rollout_top_k)
+        help="Top-k sampling for eval.", derived=Derived("equal to --rollout-top-k", lambda c: c.rollout.rollout_top_k),
+        in_eval=True,
     )
     eval_max_response_len: int | None = option(
         help="Maximum new tokens per eval response.",
         derived=Derived("equal to --rollout-max-response-len", lambda c: c.rollout.rollout_max_response_len),
+        in_eval=True,
     )
     eval_num_gpus: int = option(
         0,

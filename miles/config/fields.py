@@ -11,7 +11,15 @@ Every option of `miles` is a dataclass field created with `option(...)`. The fie
   backend"); setting it is rejected with that reason rather than silently ignored;
 - `flag`: the flag's name when it is not the field name in kebab case (e.g. `--from` for `from_format`);
 - `secret`: the value is masked in the printed options table (keys, tokens);
-- `choices`: taken from a `Literal[...]` annotation, never written twice.
+- `choices`: taken from a `Literal[...]` annotation, never written twice;
+- `unavailable`: `{choice: reason}` for choices the type allows but this build rejects (a backend not
+  built yet); help lists them as unavailable and `resolve()` rejects them with the reason;
+- `in_eval`: `miles eval` reads this option (it is a flag of `eval`; every other option is not);
+- `run_env`: `{VARIABLE: value}` the run's processes get when this (boolean) option is true;
+- `required`: the flag must be given (shown as required in help; the command refuses to run without it);
+- `engine` (recipe options only): the engine option this recipe option is the user-facing name of,
+  with `to_engine` mapping its value; the engine option is then not a flag of its own, so the two
+  cannot disagree (one setting, one flag).
 
 Nothing here imports anything heavy: `miles --help` reads these declarations.
 """
@@ -42,6 +50,12 @@ def option(
     metavar: str | None = None,
     flag: str | None = None,
     secret: bool = False,
+    unavailable: dict[Any, str] | None = None,
+    in_eval: bool = False,
+    required: bool = False,
+    run_env: dict[str, str] | None = None,
+    engine: str | None = None,
+    to_engine: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare an option. See the module docstring for what each piece of metadata means."""
     if derived is not None and default is not MISSING and default is not None:
@@ -56,6 +70,12 @@ def option(
         "metavar": metavar,
         "flag": flag,
         "secret": secret,
+        "unavailable": dict(unavailable or {}),
+        "in_eval": in_eval,
+        "required": required,
+        "run_env": dict(run_env or {}),
+        "engine": engine,
+        "to_engine": to_engine,
     }
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)

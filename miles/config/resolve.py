@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the declared default, an environment variable declared with `env=`, the
 recipe's values, the command line, `--extra-args`, and the tokens after `--` (later wins).
-`resolve()` then rejects options that cannot take effect in this build (`unsupported=`), fills every
+`resolve()` then rejects options that cannot take effect in this build (`unsupported=`, and choices
+declared `unavailable=`), fills every
 derived option that is still unset from the rule declared next to its field (`Derived`), and checks
 the invariants between options. It never reads files or starts anything.
 """
@@ -51,9 +52,25 @@ def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
                 f"remove the flag (default {format_value(spec.default)}).",
                 option=spec.flag,
             )
+        value = cfg.get(spec.name)
+        if spec.unavailable and not isinstance(value, list) and value in spec.unavailable:
+            others = ", ".join(map(str, spec.available_choices or ()))
+            raise UserError(
+                f"{spec.flag} {format_value(value)} cannot run in this build: {spec.unavailable[value]}; use {others}.",
+                option=spec.flag,
+            )
     fill_derived(cfg)
     _check(cfg, purpose)
     return cfg
+
+
+def run_environment(cfg: EngineConfig) -> dict[str, str]:
+    """Environment variables the run's processes need, from the `run_env` declared on each true option."""
+    env: dict[str, str] = {}
+    for spec in option_specs():
+        if spec.run_env and cfg.get(spec.name):
+            env.update(spec.run_env)
+    return env
 
 
 def fill_derived(cfg: EngineConfig) -> EngineConfig:
@@ -71,23 +88,6 @@ def _require(condition: bool, message: str, option: str) -> None:
 
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
-    _require(
-        cfg.train.train_backend == "torch",
-        "--train-backend megatron cannot run yet: the megatron-core trainer is not built (miles convert already "
-        "writes its torch_dist checkpoints); use --train-backend torch.",
-        "--train-backend",
-    )
-    _require(
-        cfg.algo.advantage_estimator != "ppo",
-        "--advantage-estimator ppo cannot run yet: it needs a critic (value model), which the torch trainer does not "
-        "train; use grpo, gspo, reinforce_plus_plus or reinforce_plus_plus_baseline.",
-        "--advantage-estimator",
-    )
-    _require(
-        r.rollout_backend == "builtin",
-        "--rollout-backend sglang cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
-        "--rollout-backend",
-    )
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(

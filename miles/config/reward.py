@@ -68,6 +68,7 @@ class RewardConfig:
             "Reward type: " + ", ".join(KNOWN_RM_TYPES) + "; the prefix boxed_ (e.g. boxed_math) scores only "
             "the content of the last \\boxed{} of the response. A sample's metadata['rm_type'] overrides it."
         ),
+        in_eval=True,
     )
     math_free_text_fallback: bool = option(
         False,
@@ -78,21 +79,26 @@ class RewardConfig:
         ),
     )
     reward_key: str | None = option(
-        None, help="When rewards are dicts (dapo, remote or custom reward models), the key to train on."
+        None, help="When rewards are dicts (dapo, remote or custom reward models), the key to train on.",
+        in_eval=True,
     )
     eval_reward_key: str | None = option(
         help="The key of a dict reward reported by evaluation.",
         derived=Derived("equal to --reward-key", lambda c: c.reward.reward_key),
+        in_eval=True,
     )
     group_rm: bool = option(
-        False, help="Compute the rewards of a prompt group in one call (a batched --custom-rm-path fn(args, samples))."
+        False, help="Compute the rewards of a prompt group in one call (a batched --custom-rm-path fn(args, samples)).",
+        in_eval=True,
     )
     rm_url: str | None = option(
-        None, help="URL that --rm-type remote_rm POSTs {prompt, response, label} to as JSON; it answers a number or a dict."
+        None, help="URL that --rm-type remote_rm POSTs {prompt, response, label} to as JSON; it answers a number or a dict.",
+        in_eval=True,
     )
-    rm_timeout: float = option(30.0, help="Seconds to wait for one answer of the remote reward model (--rm-url).")
+    rm_timeout: float = option(30.0, help="Seconds to wait for one answer of the remote reward model (--rm-url).", in_eval=True)
     rm_max_retries: int = option(
-        3, help="Retries of a failed remote reward request (timeout, connection error, HTTP 5xx/429) before giving up."
+        3, help="Retries of a failed remote reward request (timeout, connection error, HTTP 5xx/429) before giving up.",
+        in_eval=True,
     )
     custom_rm_path: str | None = option(
         None,
@@ -100,6 +106,7 @@ class RewardConfig:
             "Your reward function, module.fn or file.py:fn: async fn(args, sample) -> float | dict, or with "
             "--group-rm async fn(args, samples) -> list; args is this reward configuration. Overrides --rm-type."
         ),
+        in_eval=True,
     )
     custom_reward_post_process_path: str | None = option(
         None,

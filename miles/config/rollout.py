@@ -11,35 +11,41 @@ from miles.config.fields import Derived, option
 @dataclass
 class RolloutConfig:
     hf_checkpoint: str | None = option(
-        None, help="Hugging Face model directory: tokenizer, config and the rollout engines' first weights."
+        None, help="Hugging Face model directory: tokenizer, config and the rollout engines' first weights.",
+        in_eval=True,
     )
     rollout_backend: Literal["builtin", "sglang"] = option(
         "builtin",
         help="Rollout engine: builtin (batched, KV-cached torch decoding; any machine) or sglang (GPU servers behind sglang-router).",
+        unavailable={"sglang": "the SGLang launcher is not built yet"},
+        in_eval=True,
     )
     rollout_temperature: float = option(
         1.0,
         help="Sampling temperature for training rollouts (0 = greedy). The trainer divides its logits by the "
         "same temperature (1 when greedy), so its log-probs, entropy and KL score the policy the engine sampled from.",
+        in_eval=True,
     )
-    rollout_top_p: float = option(1.0, help="Nucleus sampling: keep the smallest token set with this total probability.")
-    rollout_top_k: int = option(-1, help="Keep only the k most likely tokens; -1 disables.")
-    rollout_max_context_len: int | None = option(None, help="Maximum prompt + response tokens; unset = no limit.")
+    rollout_top_p: float = option(1.0, help="Nucleus sampling: keep the smallest token set with this total probability.", in_eval=True)
+    rollout_top_k: int = option(-1, help="Keep only the k most likely tokens; -1 disables.", in_eval=True)
+    rollout_max_context_len: int | None = option(None, help="Maximum prompt + response tokens; unset = no limit.", in_eval=True)
     rollout_max_prompt_len: int | None = option(
         help="Prompts longer than this many tokens are dropped from the dataset.",
         derived=Derived(
             "--rollout-max-context-len − 1 when that is set, else no limit",
             lambda c: None if c.rollout.rollout_max_context_len is None else c.rollout.rollout_max_context_len - 1,
         ),
+        in_eval=True,
     )
-    rollout_max_response_len: int = option(1024, help="Maximum new tokens per response; longer responses are truncated.")
-    rollout_stop: list[str] | None = option(None, help="Stop strings (repeat the flag for several); the stop string is kept in the response.")
+    rollout_max_response_len: int = option(1024, help="Maximum new tokens per response; longer responses are truncated.", in_eval=True)
+    rollout_stop: list[str] | None = option(None, help="Stop strings (repeat the flag for several); the stop string is kept in the response.", in_eval=True)
     rollout_stop_token_ids: list[int] | None = option(
-        None, help="Token ids that end a response, in addition to the tokenizer's EOS (repeat the flag for several)."
+        None, help="Token ids that end a response, in addition to the tokenizer's EOS (repeat the flag for several).",
+        in_eval=True,
     )
-    rollout_skip_special_tokens: bool = option(False, help="Drop special tokens when decoding responses to text.")
+    rollout_skip_special_tokens: bool = option(False, help="Drop special tokens when decoding responses to text.", in_eval=True)
     rollout_shuffle: bool = option(False, help="Shuffle the prompt dataset at every epoch (seeded by --rollout-seed).")
-    rollout_seed: int = option(42, help="Seed for prompt shuffling and sampling.")
+    rollout_seed: int = option(42, help="Seed for prompt shuffling and sampling.", in_eval=True)
     over_sampling_batch_size: int | None = option(
         help="Prompt groups submitted per rollout when dynamic sampling may drop some.",
         derived=Derived("equal to --rollout-batch-size", lambda c: c.data.rollout_batch_size),
@@ -52,7 +58,8 @@ class RolloutConfig:
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
     rollout_max_batch_size: int = option(
-        256, help="Largest batch of sequences the built-in engine decodes at once."
+        256, help="Largest batch of sequences the built-in engine decodes at once.",
+        in_eval=True,
     )
     sglang_server_concurrency: int = option(
         512,

@@ -333,7 +333,7 @@ class Checker:
             if not fds:
                 self.report(page, span.line, f"{flag} is not an option of {where}")
                 continue
-            choices = {c for fd in fds for c in fd.choices}
+            choices = {c for fd in fds for c in (*fd.choices, *(u for u, _ in fd.unavailable_choices))}
             if value is not None and choices and not _placeholder(value) and value not in choices:
                 self.report(page, span.line, f"{flag} {value}: {value!r} is not a choice of {flag} ({', '.join(sorted(choices))})")
         flags = _flags_in(tokens)

@@ -9,7 +9,8 @@ Sources, all computed (nothing is listed by hand except libraries' own variables
   the file:line of each read. A key computed from a module constant iterated in a loop
   (`for name in PROXY_VARIABLES: environ.get(name.lower())`) is expanded; other computed keys are
   listed as such, so nothing is hidden;
-- variables recipes set for a run, and the build args and `ENV` lines of the Dockerfiles.
+- variables options declare for the run (`run_env=`, e.g. `--train-deterministic`), variables recipes
+  set for a run, and the build args and `ENV` lines of the Dockerfiles.
 """
 
 from __future__ import annotations
@@ -172,9 +173,10 @@ class EnvInventory:
     computed: list[str]
     recipe_set: dict[str, list[str]]  # name -> recipes that set it
     docker: dict[str, str]
+    option_set: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (value, flag), declared run_env
 
     def known(self) -> set[str]:
-        return set(self.declared) | set(self.script) | set(self.read) | set(self.recipe_set) | set(self.docker) | set(EXTERNAL)
+        return set(self.declared) | set(self.script) | set(self.read) | set(self.recipe_set) | set(self.docker) | set(EXTERNAL) | set(self.option_set)
 
 
 def inventory(root: Path, model: CliModel) -> EnvInventory:
@@ -195,7 +197,7 @@ def inventory(root: Path, model: CliModel) -> EnvInventory:
     for name, r in model.recipes.items():
         for k in r.env:
             recipe_set.setdefault(k, []).append(name)
-    return EnvInventory(declared, script, read, computed, recipe_set, docker_variables(root))
+    return EnvInventory(declared, script, read, computed, recipe_set, docker_variables(root), dict(model.run_env))
 
 
 def render_env_vars(root: Path, model: CliModel) -> str:
@@ -239,7 +241,20 @@ def render_env_vars(root: Path, model: CliModel) -> str:
             "",
             "Reads whose variable name is computed (from the option declarations and recipe options above): " + ", ".join(code(w) for w in sorted(set(inv.computed))) + ".",
         ]
-    lines += ["", "## Set by recipes {#env-recipes}", "", "| Variable | Recipes |", "|---|---|"]
+    lines += [
+        "",
+        "## Set for the run by an option {#env-run}",
+        "",
+        "Declared next to the option (`run_env=`), the same for every recipe: the run's processes get these "
+        "when the option is on.",
+        "",
+        "| Variable | Value | When |",
+        "|---|---|---|",
+    ]
+    for name in sorted(inv.option_set):
+        value, flag = inv.option_set[name]
+        lines.append(f"| {code(name)} | {code(value)} | [{code(flag)}](cli.md#{flag_anchor('train', flag)}) is on |")
+    lines += ["", "## Set by recipes {#env-recipes}", "", "With each recipe's default options.", "", "| Variable | Recipes |", "|---|---|"]
     for name in sorted(inv.recipe_set):
         lines.append(f"| {code(name)} | {', '.join(code(r) for r in inv.recipe_set[name])} |")
     lines += ["", "## Docker images {#env-docker}", "", "| Variable | Where |", "|---|---|"]

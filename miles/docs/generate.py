@@ -3,7 +3,9 @@
 Generated files: `docs/reference/{cli,recipes,env-vars,hooks}.md`. Generated blocks inside
 hand-written pages, between `<!-- BEGIN GENERATED: name -->` and `<!-- END GENERATED: name -->`:
 `docker-variants` (`miles.docker_images.variants_markdown_table`), `metric-names`
-(`miles.tracking.metric_names.metric_names_markdown`), `argument-groups` and `hooks-table`.
+(`miles.tracking.metric_names.metric_names_markdown`), `argument-groups`, `hooks-table`, the option
+tables of `OPTION_TABLES` (`data-options`, `optimizer-options`, ...: declared defaults and help) and
+`recipe-batch-<recipe>` (a recipe's batch arithmetic, from its defaults).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from miles.docs.cli_reference import argument_groups_block, render_cli, render_recipes
+from miles.docs.cli_reference import argument_groups_block, cell, code, flag_anchor, render_cli, render_recipes
 from miles.docs.envvars import render_env_vars
 from miles.docs.hooks import render_hooks
 from miles.docs.markdown import blocks_in, replace_block
@@ -50,12 +52,72 @@ def _hooks_table(root: Path, model: CliModel) -> str:
     return table.replace("(cli.md#", "(reference/cli.md#")
 
 
+OPTION_TABLES: dict[str, tuple[str, ...] | str] = {
+    # block name -> the flags of its table, or the help panel whose flags it lists
+    "data-options": (
+        "--prompt-data", "--input-key", "--label-key", "--metadata-key", "--tool-key", "--apply-chat-template",
+        "--apply-chat-template-kwargs", "--rollout-max-prompt-len", "--rollout-shuffle", "--rollout-seed",
+        "--rollout-batch-size", "--n-samples-per-prompt", "--num-rollout", "--num-epoch", "--over-sampling-batch-size",
+        "--dynamic-sampling-filter-path",
+    ),
+    "optimizer-options": "Optimizer",
+    "reward-options": "Reward",
+    "algorithm-options": "Algorithm",
+}
+
+
+def option_table(model: CliModel, which: tuple[str, ...] | str) -> str:
+    """Flag | Default | Meaning for some engine options, with their declared defaults (before any recipe)."""
+    train = model.commands["train"]
+    flags = [fd for fd in train.flags if fd.panel == which] if isinstance(which, str) else [train.flag(f) for f in which]
+    lines = ["| Flag | Default | Meaning |", "|---|---|---|"]
+    for fd in flags:
+        assert fd is not None, which
+        declared = model.declared_defaults.get(fd.flag, fd.default or "")
+        default = fd.derived if fd.derived is not None else ("unset" if declared == "None" else code(declared))
+        shown = " / ".join(code(f) for f in fd.flags)
+        link = f"[{shown}](reference/cli.md#{flag_anchor('train', fd.flag)})"
+        meaning = [cell(fd.help)]
+        if fd.choices:
+            meaning.append("One of " + ", ".join(code(c) for c in fd.choices) + ".")
+        for choice, why in fd.unavailable_choices:
+            meaning.append(f"Not in this build: {code(choice)} ({cell(why)}).")
+        if fd.unsupported:
+            meaning.append(f"Not available in this build: {cell(fd.unsupported)}.")
+        lines.append(f"| {link} | {cell(default)} | {' '.join(meaning)} |")
+    return "\n".join(lines) + "\n"
+
+
+def recipe_batch(model: CliModel, recipe: str) -> str | None:
+    """One sentence with the batch arithmetic of a recipe's defaults (docs/concepts.md, docs/recipes.md)."""
+    r = model.recipes.get(recipe)
+    if r is None:
+        return None
+    get = lambda flag: int(r.engine_defaults.get(flag, (None, model.declared_defaults[flag]))[1])  # noqa: E731
+    prompts, n, gbs = get("--rollout-batch-size"), get("--n-samples-per-prompt"), get("--global-batch-size")
+    samples = prompts * n
+    steps = samples // gbs
+    return (
+        f"The `{recipe}` recipe uses {prompts} prompts × {n} samples = {samples} samples = {steps} optimizer "
+        f"step{'s' if steps != 1 else ''} of {gbs} per rollout step.\n"
+    )
+
+
 BLOCKS: dict[str, Callable[[Path, CliModel], str | None]] = {
     "docker-variants": _docker_variants,
     "metric-names": _metric_names,
     "argument-groups": lambda root, model: argument_groups_block(model),
     "hooks-table": _hooks_table,
+    **{name: (lambda which: lambda root, model: option_table(model, which))(which) for name, which in OPTION_TABLES.items()},
 }
+
+
+def block_renderer(name: str) -> Callable[[Path, CliModel], str | None] | None:
+    if name in BLOCKS:
+        return BLOCKS[name]
+    if name.startswith("recipe-batch-"):
+        return lambda root, model: recipe_batch(model, name[len("recipe-batch-"):])
+    return None
 
 FILES: dict[str, Callable[[Path, CliModel], str]] = {
     "docs/reference/cli.md": lambda root, model: render_cli(model),
@@ -77,11 +139,12 @@ def expected(root: Path, model: CliModel, docs_dir: Path | None = None) -> tuple
         if not names:
             continue
         for name in names:
-            if name not in BLOCKS:
+            render = block_renderer(name)
+            if render is None:
                 notes.append(f"{page}: unknown generated block {name!r} left as it is")
                 continue
             if name not in cache:
-                cache[name] = BLOCKS[name](root, model)
+                cache[name] = render(root, model)
             if cache[name] is None:
                 notes.append(f"{page}: block {name!r} not refreshed: its generator is not in the code yet")
                 continue

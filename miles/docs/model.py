@@ -1,7 +1,8 @@
 """The CLI as plain data: what the generators print and what the checkers compare prose against.
 
-`miles_cli/docs_cmd.py` fills these from the Click commands that `--help` renders (so a default here
-is, character for character, the one `--help` prints). Nothing here imports typer or a recipe.
+`miles_cli/options.py` builds these from the option declarations; `--help` renders the same objects
+(so a default here is, character for character, the one `--help` prints). Nothing here imports typer
+or a recipe.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class FlagDoc:
     unsupported: str | None  # why it cannot take a non-default value in this build
     help: str  # the help sentence(s), without the default/env/derived annotations
     repeatable: bool = False
+    unavailable_choices: tuple[tuple[str, str], ...] = ()  # (choice, why this build rejects it)
+    derived_value: str | None = None  # what the derived rule gives for the invocation help was built for
 
     @property
     def flag(self) -> str:
@@ -80,6 +83,8 @@ class CliModel:
     recipe_flags: dict[str, dict[str, FlagDoc]]
     env_prefix: str  # "MILES_SCRIPT_"
     groups: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (panel, config class, flags)
+    run_env: dict[str, tuple[str, str]] = field(default_factory=dict)  # variable -> (value, flag that turns it on)
+    declared_defaults: dict[str, str] = field(default_factory=dict)  # engine flag -> its declared default (no recipe)
     invoke: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None
     parse: Callable[[list[str], dict[str, str]], str | None] | None = None
 

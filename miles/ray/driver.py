@@ -135,6 +135,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     from miles.ray.rollout_manager import RolloutManager, pick_device
     from miles.ray.train_group import TrainWorker, free_port
     from miles.tracking import Tracker
+    from rich import get_console
+
     from miles.tracking.console import print_step_summary, progress
 
     run_dir = Path(run_dir)
@@ -181,6 +183,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 wait([w.load_state_dict.remote(state) for w in workers], "the training workers to load the checkpoint")
                 wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
                 start, resumed_from = rollout_id + 1, rollout_id
+                get_console().print(f"Resumed from rollout {rollout_id} ({cfg.ckpt.load}); continuing at rollout {start}.")
 
         tracker = Tracker(
             # Rollout r is logged as step r + 1, so a resume at rollout `start` rewrites steps from start + 1;

@@ -60,8 +60,18 @@ def eval_headline_keys(metrics: Mapping[str, float]) -> list[str]:
     return sorted(f"eval/{n}/accuracy" if f"eval/{n}/accuracy" in metrics else f"eval/{n}/reward" for n in names)
 
 
-def format_step_summary(step: int, metrics: Mapping[str, float], *, num_steps: int | None = None) -> str:
-    """One line: step, reward (± std), eval accuracy per dataset, response length, tokens/s, step time."""
+# Dropped first, in this order, when the line is wider than the console: it must stay one line
+# (then eval datasets from the last; step, reward and step time always stay).
+_OPTIONAL = ("train ", "gen ", "len ")
+
+
+def format_step_summary(
+    step: int, metrics: Mapping[str, float], *, num_steps: int | None = None, width: int | None = None
+) -> str:
+    """One line: step, reward (± std), eval accuracy per dataset, response length, tokens/s, step time.
+
+    With `width`, the throughput and length fields are left out, in that order, until the line fits.
+    """
     parts = [f"step {step}/{num_steps}" if num_steps is not None else f"step {step}"]
     if "rollout/raw_reward" in metrics:
         reward = f"reward {metrics['rollout/raw_reward']:.3f}"
@@ -79,6 +89,14 @@ def format_step_summary(step: int, metrics: Mapping[str, float], *, num_steps: i
         parts.append(f"train {_rate(metrics['perf/train_tokens_per_s'])} tok/s")
     if "perf/step_time" in metrics:
         parts.append(f"{metrics['perf/step_time']:.2f} s")
+    for prefix in (*_OPTIONAL, "eval "):
+        if width is None or len(" · ".join(parts)) <= width:
+            break
+        if prefix == "eval ":  # last resort: the last eval datasets (all are in metrics.jsonl)
+            while len(" · ".join(parts)) > width and any(p.startswith("eval ") for p in parts):
+                parts.remove([p for p in parts if p.startswith("eval ")][-1])
+        else:
+            parts = [p for p in parts if not p.startswith(prefix)]
     return " · ".join(parts)
 
 
@@ -88,5 +106,6 @@ def print_step_summary(
     """Print `format_step_summary(...)` on `console` (default: rich's global console)."""
     from rich import get_console
 
-    line = format_step_summary(step, metrics, num_steps=num_steps)
-    (console or get_console()).print(line, markup=False, highlight=False)
+    console = console or get_console()
+    line = format_step_summary(step, metrics, num_steps=num_steps, width=console.width)
+    console.print(line, markup=False, highlight=False)

@@ -10,6 +10,7 @@ checks the rule itself against resolved configurations).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -26,32 +27,34 @@ COMMANDS = ["full-train", "train", "eval"]
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_defaults_equal_resolved_values(command, recipe_name):
     recipe = RECIPES[recipe_name]
-    result = invoke([command, "--model-name", recipe_name, "--help"])
+    result = invoke([command, "--model-name", recipe_name, "--help-all"])
     assert result.exit_code == 0, result.output
     rows = help_rows(result.output)
 
-    options = recipe.Options()
     inv = resolve_invocation(command, recipe, recipe.Options(), {}, [])
     expected: dict[str, str] = {}
     derived_text: dict[str, str] = {}
-    for f in dataclasses.fields(options):
+    for f in dataclasses.fields(inv.options):
         flag = "--" + f.name.replace("_", "-")
+        expected[flag] = format_value(getattr(inv.options, f.name))
         if f.metadata.get("derived") is not None:
             derived_text[flag] = f.metadata["derived"].text
-        else:
-            expected[flag] = format_value(getattr(inv.options, f.name))
-    recipe_fields = {f.name for f in dataclasses.fields(options)}
     for s in engine_specs_for(recipe, command):
-        if s.name in recipe_fields:
-            continue
-        if s.derived is not None and s.name not in inv.plan.engine:
+        expected[s.flag] = format_value(inv.config.get(s.name))
+        if s.derived is not None and inv.sources[s.name] == "derived":
             derived_text[s.flag] = s.derived.text
-        else:
-            expected[s.flag] = format_value(inv.config.get(s.name))
 
+    # A panel whose options are all unavailable is one line in --help-all; --help-group shows it in full.
+    text = " ".join(result.output.split())
+    collapsed = [p for p in text.split("Not available in this build (")[1:]]
+    for s in engine_specs_for(recipe, command):
+        if s.flag not in rows:
+            assert any(s.flag in p.split(". Details")[0] for p in collapsed), f"{s.flag} missing from `miles {command} --help-all`"
+            group = s.panel.lower().replace(" ", "-")
+            rows.update(help_rows(invoke([command, "--model-name", recipe_name, "--help-group", group]).output))
     checked = 0
     for flag, value in expected.items():
-        assert flag in rows, f"{flag} missing from `miles {command} --help`"
+        assert flag in rows, f"{flag} missing from `miles {command} --help-all`"
         assert shown_default(rows[flag]) == value, f"{command} {recipe_name} {flag}: help {rows[flag]!r}, resolved {value!r}"
         checked += 1
     for flag, text in derived_text.items():
@@ -65,13 +68,13 @@ def test_recipe_override_is_what_help_shows():
     qwen = help_rows(invoke(["train", "--model-name", "qwen3-0.6b", "--help"]).output)
     assert shown_default(tiny["--train-deterministic"]) == "true"
     assert shown_default(qwen["--train-deterministic"]) == "false"
-    assert shown_default(tiny["--deterministic-mode"]) == "true"
+    assert "--deterministic-mode" not in tiny  # the recipe option is its only flag
 
 
 def test_env_var_changes_the_default_help_shows(monkeypatch):
     monkeypatch.setenv("PROMETHEUS_PORT", "9333")
     monkeypatch.setenv("MILES_SCRIPT_SFT_STEPS", "7")
-    rows = help_rows(invoke(["train", "--help"]).output)
+    rows = help_rows(invoke(["train", "--help-all"]).output)
     assert shown_default(rows["--prometheus-port"]) == "9333"
     assert shown_default(rows["--sft-steps"]) == "7"
     inv = resolve_invocation("train", RECIPES["tiny-qwen3"], RECIPES["tiny-qwen3"].Options(sft_steps=7), {}, [])
@@ -81,7 +84,7 @@ def test_env_var_changes_the_default_help_shows(monkeypatch):
 def test_top_level_help_lists_the_commands():
     out = invoke(["--help"]).output
     for command in ["convert", "full-train", "train", "eval", "docker-build"]:
-        assert f"│ {command} " in out
+        assert re.search(rf"^  {command}  ", out, re.M), out
 
 
 def test_convert_help_defaults_equal_the_options_dataclass():
@@ -93,22 +96,22 @@ def test_convert_help_defaults_equal_the_options_dataclass():
     specs = specs_of(ConvertOptions, "convert", "Convert")
     assert len(specs) >= 9
     for s in specs:
-        assert shown_default(rows[s.flag]) == format_value(getattr(defaults, s.name)), s.flag
+        if s.required:
+            assert rows[s.flag].endswith("[required]"), (s.flag, rows[s.flag])
+        else:
+            assert shown_default(rows[s.flag]) == format_value(getattr(defaults, s.name)), s.flag
+    assert rows["--save"].endswith("[required]")
 
 
-def test_docker_build_help_defaults_equal_the_function_defaults():
-    import inspect
-
-    from miles_cli.docker_build import docker_build
+def test_docker_build_help_defaults_equal_the_declarations():
+    from miles.config.docker_build import DockerBuildOptions
+    from miles.config.engine import specs_of
 
     rows = help_rows(invoke(["docker-build", "--help"]).output)
-    for name, p in inspect.signature(docker_build).parameters.items():
-        flag = "--" + name.replace("_", "-")
-        if p.default is inspect.Parameter.empty:
-            assert rows[flag].endswith("[required]"), (flag, rows[flag])
-            continue
-        shown = shown_default(rows[flag])
-        if isinstance(p.default, bool):
-            assert shown == (flag[2:] if p.default else "no-" + flag[2:]), (flag, rows[flag])
+    specs = specs_of(DockerBuildOptions, "docker_build", "Build")
+    assert [s.flag for s in specs if s.required] == ["--variant", "--image-tag"]
+    for s in specs:
+        if s.required:
+            assert rows[s.flag].endswith("[required]"), (s.flag, rows[s.flag])
         else:
-            assert shown is None and p.default in (None, ""), (flag, rows[flag])  # no default printed: none exists
+            assert shown_default(rows[s.flag]) == format_value(s.default), (s.flag, rows[s.flag])

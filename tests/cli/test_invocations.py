@@ -9,7 +9,7 @@ import pytest
 
 from miles_cli.run_commands import resolve_invocation
 from recipes import RECIPES
-from tests.cli.helpers import error_text, invoke
+from tests.cli.helpers import error_text, invoke, dry_run_ok
 
 TINY = RECIPES["tiny-qwen3"]
 
@@ -57,7 +57,7 @@ def _miles(args: list[str], cwd) -> subprocess.CompletedProcess:
 def test_arguments_after_double_dash_reach_the_engine(tmp_path):
     """`--` passthrough through the real program (in-process runners see pytest's sys.argv, not ours)."""
     r = _miles(["train", "--dry-run", "--", "--lr", "2e-4", "--num-rollout", "7"], tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dry_run_ok(r), r.stderr[-2000:]
     lr_row = r.stdout.split("│ --lr ")[1].split("\n")[0]
     assert "0.0002" in lr_row and "after --" in lr_row, lr_row
     assert "after --" in r.stdout.split("│ --num-rollout ")[1].split("\n")[0]

@@ -17,6 +17,7 @@ BASE = {"prompt_data": "p.jsonl", "rollout_batch_size": 4, "n_samples_per_prompt
 
 CASES = [
     {},
+    {"run": {"run_id": "exp1", "run_dir": "out/exp1"}},
     {"colocate": True},
     {"colocate": True, "offload_train": False},  # upstream PR #2390: explicit --no-offload-train under --colocate
     {"colocate": False, "offload_rollout": True},
@@ -35,7 +36,11 @@ CASES = [
 
 def _explicit_and_resolved(case):
     values = {**BASE, **case}
-    return values, resolve(build_config(values, environ={}))
+    options = {k: v for k, v in values.items() if k != "run"}
+    cfg = build_config(options, environ={})
+    for key, value in values.get("run", {}).items():  # the run's identity (not an option; set by the CLI)
+        setattr(cfg.run, key, value)
+    return values, resolve(cfg)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "defaults")
@@ -148,6 +153,7 @@ def hand_expected(values: dict) -> dict:
     elif steps is None:
         steps = samples // gbs
     ctx = v["rollout_max_context_len"]
+    run_id, run_dir = v.get("run", {}).get("run_id"), v.get("run", {}).get("run_dir")
     return {
         "offload_train": bool(v["colocate"]),
         "offload_rollout": bool(v["colocate"]),
@@ -165,6 +171,13 @@ def hand_expected(values: dict) -> dict:
         "eval_reward_key": v["reward_key"],
         "lr_decay_iters": v["num_rollout"] * steps,
         "ref_load": v["hf_checkpoint"],
+        # tracking sinks: named after the run and kept in its directory (None before a run is known)
+        "mlflow_tracking_uri": None if run_dir is None else f"sqlite:///{run_dir}/mlflow.db",
+        "mlflow_run_name": run_id,
+        "tensorboard_dir": None if run_dir is None else f"{run_dir}/tensorboard",
+        "wandb_group": run_id,
+        "wandb_dir": None if run_dir is None else f"{run_dir}/wandb",
+        "prometheus_run_name": run_id,
     }
 
 

@@ -65,7 +65,7 @@ def test_a_clean_page_passes(root, model, tmp_path):
         ("```bash\nmiles train --no-such-flag 3\n```\n", "docs/page.md:2: `miles train --no-such-flag 3` does not parse: No such option: --no-such-flag"),
         ("```bash\nmiles docker-build --variant rocm-mi350 --image-tag dev\n```\n", "docs/page.md:2: `miles docker-build --variant rocm-mi350 --image-tag dev` does not parse: Invalid value for '--variant'"),
         ("```bash\nmiles train \\\n  --rollout-batch-size 1 --global-batch-size 64\n```\n", "docs/page.md:2: `miles train --rollout-batch-size 1 --global-batch-size 64` fails with --dry-run (exit 2): Error: --num-steps-per-rollout must be at least 1"),
-        ("```bash\nmiles train --extra-args \"--lr x\"\n```\n", "docs/page.md:2: `miles train --extra-args --lr x` fails with --dry-run (exit 2): Error: --lr in --extra-args: 'x' is not a float"),
+        ("```bash\nmiles train --extra-args \"--lr x\"\n```\n", "docs/page.md:2: `miles train --extra-args --lr x` fails with --dry-run (exit 2): Error: --lr in --extra-args: 'x' is not a number"),
     ],
 )
 def test_each_seeded_mistake_is_caught_with_file_and_line(root, model, tmp_path, text, expected):

@@ -15,6 +15,7 @@ import pytest
 
 from miles.config.engine import GROUPS
 from miles.config.fields import flag_name
+from miles.config.values import format_value
 from miles.errors import UserError
 from miles.rollout.data_source import PromptDataset
 
@@ -23,7 +24,7 @@ FIELDS = {flag_name(f): f for _, cls, _ in GROUPS for f in dataclasses.fields(cl
 
 
 def options_table() -> dict[str, str]:
-    lines = PAGE.read_text().split("<!-- data-options", 1)[1].split("-->", 1)[1].strip().splitlines()
+    lines = PAGE.read_text().split("<!-- BEGIN GENERATED: data-options", 1)[1].split("-->", 1)[1].strip().splitlines()
     rows = {}
     for line in lines[2:]:  # after the header row and the separator
         if not line.startswith("|"):
@@ -53,7 +54,7 @@ def test_documented_default_is_the_declared_one(flag):
     elif f.default is None:
         assert cell.startswith("unset")
     else:
-        assert cell == f"`{f.default}`"
+        assert cell == f"`{format_value(f.default)}`"
 
 
 def test_example_error_messages_are_the_real_ones(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from miles.config.fields import flag_name
+from miles.config.values import format_value
 from miles.config.reward import KNOWN_RM_TYPES, RewardConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "rewards.md"
@@ -34,7 +35,7 @@ def table_after(marker: str) -> dict[str, list[str]]:
 
 
 def documented_default(value) -> str:
-    return "unset" if value is None else f"`{value}`"
+    return "unset" if value is None else f"`{format_value(value)}`"
 
 
 def test_every_reward_type_has_a_row():
@@ -42,7 +43,7 @@ def test_every_reward_type_has_a_row():
 
 
 def test_every_reward_flag_is_listed_with_its_declared_default():
-    rows = table_after("<!-- reward-options")
+    rows = table_after("<!-- BEGIN GENERATED: reward-options")
     fields = dataclasses.fields(RewardConfig)
     assert list(rows) == [flag_name(f) for f in fields]
     for f in fields:

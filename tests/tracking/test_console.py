@@ -50,3 +50,18 @@ def test_progress_columns() -> None:
     kinds = [type(c) for c in progress(console=Console(file=io.StringIO())).columns]
     for column in (SpinnerColumn, BarColumn, TimeElapsedColumn, TimeRemainingColumn):
         assert column in kinds
+
+
+def test_a_step_line_fits_an_80_column_console() -> None:
+    metrics = {
+        "rollout/raw_reward": 0.4125, "rollout/reward_std": 0.12, "eval/math/accuracy": 0.25, "eval/arith/accuracy": 0.55,
+        "rollout/response_len_mean": 12.34, "perf/rollout_tokens_per_s": 1234.0, "perf/train_tokens_per_s": 2.5e6,
+        "perf/step_time": 3.414,
+    }
+    assert len(format_step_summary(300, metrics, num_steps=500)) > 80  # too wide without a width
+    line = format_step_summary(300, metrics, num_steps=500, width=80)
+    assert line == "step 300/500 · reward 0.412 ± 0.120 · eval arith 0.550 · 3.41 s"
+    assert format_step_summary(300, metrics, num_steps=500, width=100).endswith("eval math 0.250 · len 12.3 · 3.41 s")
+    out = io.StringIO()
+    print_step_summary(300, metrics, num_steps=500, console=Console(file=out, width=80, color_system=None))
+    assert out.getvalue().count("\n") == 1 and len(out.getvalue()) <= 81

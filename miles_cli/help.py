@@ -1,0 +1,298 @@
+"""How `miles` reads arguments and shows help: one parser, one error style, help that fits the terminal.
+
+- **One parser.** `MilesCommand.parse_args` is used for the command line and, by the run commands,
+  for `--extra-args "..."` and the arguments after `--` (miles_cli/api.py). Before parsing, a list
+  option followed by several values (`--eval-prompt-data arith eval.jsonl`, upstream's form) is
+  spelled out as one flag per value, so the same text means the same thing in all three places.
+- **One error style.** Every usage mistake, whether Click's (unknown flag, bad value, missing
+  option) or a `UserError`, leaves as `Error: <one sentence naming the option>` on stderr with exit
+  code 2 (`MilesGroup.main`). Internal errors keep their traceback.
+- **Readable help.** Options are rendered from their `FlagDoc` (miles_cli/options.py) with Click's
+  plain formatter: a flag too long for the first column gets its own line, text wraps, nothing is
+  ever cut. `--help` shows the panels most runs touch; `--help-all` every option, `--help-group
+  NAME` one panel. A panel whose options are all unavailable in this build is one line.
+
+    COLUMNS=80 miles train --help
+    miles train --help-all
+    miles train --help-group rollout
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import sys
+import textwrap
+from typing import Any, Iterable
+
+import inspect
+
+import typer
+import typer.core
+from rich.console import Console
+from typer import _click as click  # typer vendors its own click; the real one's classes do not mix with it
+from typer._click.exceptions import BadParameter, ClickException, MissingParameter, NoSuchOption
+from rich.markup import escape
+
+from miles.docs.model import FlagDoc
+from miles.errors import UserError
+from miles_cli.options import RUN_PANEL, help_line, metavar
+from miles_cli.params import PARAMETER_DOCS
+from recipes.base import ENV_PREFIX
+
+BRIEF_PANELS = ("Recipe", RUN_PANEL, "Data", "Optimizer", "Checkpoint")
+"""The panels `miles train --help` shows; the others are listed by name with their option count."""
+
+_stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_error(message: str) -> None:
+    _stderr.print(f"[bold red]Error:[/bold red] {escape(message)}")
+
+
+def panel_slug(panel: str) -> str:
+    return panel.lower().replace(" ", "-")
+
+
+def expand_list_values(tokens: list[str], list_flags: Iterable[str]) -> list[str]:
+    """`--x a b --y` → `--x a --x b --y` for list options (up to `--`); other tokens are unchanged."""
+    list_flags = set(list_flags)
+    out: list[str] = []
+    current, expect_value = None, False
+    for i, token in enumerate(tokens):
+        if token == "--":
+            return out + tokens[i:]
+        if token.startswith("--"):
+            name, eq, _ = token.partition("=")
+            current = name if name in list_flags else None
+            expect_value = current is not None and not eq
+            out.append(token)
+        elif current is not None and not expect_value:
+            out += [current, token]
+        else:
+            out.append(token)
+            expect_value = False
+    return out
+
+
+def _docs_of(command: click.Command) -> dict[str, Any]:
+    return getattr(command.callback, PARAMETER_DOCS, {}) or {}
+
+
+class MilesCommand(typer.core.TyperCommand):
+    """A command whose help is rendered from the option declarations and never truncated."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        list_flags = [o for p in self.params if getattr(p, "multiple", False) for o in p.opts]
+        return super().parse_args(ctx, expand_list_values(list(args), list_flags))
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Click's plain layout (typer's rich panels cut long flag names in narrow terminals).
+        click.core.Command.format_help(self, ctx, formatter)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        if self.allow_extra_args:
+            pieces.append("[-- ENGINE-FLAGS...]")
+        return pieces
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        docs = _docs_of(self)
+        group = ctx.meta.get("miles_help_group")
+        panels: dict[str, list[tuple[str, str]]] = {}
+        unavailable: dict[str, list[Any]] = {}
+        for param in self.get_params(ctx):
+            fd = docs.get(param.name or "")
+            if fd is None:
+                record = param.get_help_record(ctx)
+                if record:
+                    panels.setdefault("Help", []).append(record)
+                continue
+            first = " / ".join(fd.flags)
+            mv = metavar(fd)
+            if fd.env and fd.env.startswith(ENV_PREFIX):  # said once for the panel instead
+                fd = dataclasses.replace(fd, env=None)
+            panels.setdefault(fd.panel, []).append((f"{first} {mv}".strip(), help_line(fd)))
+            unavailable.setdefault(fd.panel, []).append(fd)
+        # Only commands that offer --help-all have a short help; the others show every option.
+        shown_all = group == "all" or not any(p.name == "help_all" for p in self.params)
+        hidden = []
+        for panel, rows in panels.items():
+            if panel == "Help":
+                visible = True
+            elif group is None:
+                visible = shown_all or panel in BRIEF_PANELS
+            else:
+                visible = group == "all" or panel_slug(panel) == group
+            if not visible:
+                hidden.append(f"{panel_slug(panel)} ({len(rows)})")
+                continue
+            fds = unavailable.get(panel, [])
+            collapse = group != panel_slug(panel)  # asked for by name: every option in full
+            if collapse and fds and all(fd.unsupported for fd in fds) and len({fd.unsupported for fd in fds}) == 1:
+                with formatter.section(panel):
+                    write_text(
+                        formatter,
+                        f"Not available in this build ({fds[0].unsupported}): " + ", ".join(fd.flag for fd in fds)
+                        + f". Details: `{ctx.command_path} --help-group {panel_slug(panel)}`.",
+                    )
+                continue
+            with formatter.section(panel):
+                if panel == "Recipe":
+                    write_text(formatter, f"Each can also be set with {ENV_PREFIX}<NAME> (e.g. {ENV_PREFIX}MODE); the command line wins.")
+                write_rows(formatter, rows)
+        if hidden:
+            name = ctx.command_path
+            with formatter.section("More options"):
+                write_text(
+                    formatter,
+                    f"Groups not shown: {', '.join(hidden)}. Every option: `{name} --help-all`; "
+                    f"one group: `{name} --help-group GROUP`.",
+                )
+
+
+def _show_help(fixed: str | None):
+    def callback(ctx: typer.Context, value: Any) -> None:
+        if not value or ctx.resilient_parsing:
+            return
+        ctx.meta["miles_help_group"] = fixed or value
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+    return callback
+
+
+def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]]:
+    """`--help-all` and `--help-group GROUP` for a command whose options span several panels."""
+    slugs = [panel_slug(p) for p in panels]
+    from typing import Annotated, Literal, Optional
+
+    all_help = "Show every option and exit."
+    group_help = "Show the options of one group and exit."
+    docs = [
+        FlagDoc(("--help-all",), "help_all", "Help", "bool", (), None, False, False, None, None, None, all_help),
+        FlagDoc(("--help-group",), "help_group", "Help", "str", tuple(slugs), None, None, False, None, None, None, group_help),
+    ]
+    return [
+        (
+            inspect.Parameter(
+                "help_all", inspect.Parameter.KEYWORD_ONLY, default=False,
+                annotation=Annotated[bool, typer.Option("--help-all", is_eager=True, expose_value=False,
+                                                        callback=_show_help("all"), help=all_help)],
+            ),
+            docs[0],
+        ),
+        (
+            inspect.Parameter(
+                "help_group", inspect.Parameter.KEYWORD_ONLY, default=None,
+                annotation=Annotated[Optional[Literal[tuple(slugs)]], typer.Option(  # type: ignore[valid-type]
+                    "--help-group", is_eager=True, expose_value=False, callback=_show_help(None), help=group_help,
+                )],
+            ),
+            docs[1],
+        ),
+    ]
+
+
+def write_text(formatter: Any, text: str) -> None:
+    """A paragraph at the current indent, wrapped at spaces only (flags are never split)."""
+    indent = " " * formatter.current_indent
+    width = max(formatter.width - formatter.current_indent, 30)
+    for line in textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False):
+        formatter.write(indent + line + "\n")
+
+
+def write_rows(formatter: Any, rows: list[tuple[str, str]], col_max: int = 32) -> None:
+    """Two columns (flag, help) like Click's `write_dl`, but a word (a path, a default) is never split
+    at a hyphen or cut: a word longer than the column stands on its own line."""
+    indent = formatter.current_indent
+    first_width = min(max(len(first) for first, _ in rows), col_max)
+    text_width = max(formatter.width - indent - first_width - 2, 30)
+    for first, text in rows:
+        lines = textwrap.wrap(text, text_width, break_on_hyphens=False, break_long_words=False) or [""]
+        if len(first) <= first_width:
+            formatter.write(f"{'':{indent}}{first:<{first_width}}  {lines[0]}\n")
+            lines = lines[1:]
+        else:
+            formatter.write(f"{'':{indent}}{first}\n")
+        for line in lines:
+            formatter.write(f"{'':{indent + first_width + 2}}{line}\n")
+
+
+class MilesGroup(typer.core.TyperGroup):
+    """The `miles` group: plain help, and every usage error in the one `Error: ...` style, exit 2."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
+        except ClickException as e:
+            print_error(str(user_error_from_click(e)))
+            if standalone_mode:
+                sys.exit(2)
+            raise
+        except UserError as e:
+            print_error(str(e))
+            if standalone_mode:
+                sys.exit(e.exit_code)
+            raise
+        except typer.Abort:
+            _stderr.print("Aborted.")
+            if standalone_mode:
+                sys.exit(1)
+            raise
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+def _raw_input(e: Exception) -> Any:
+    """The text the user gave, from the validation error typer raised the usage error from."""
+    cause = e.__cause__
+    errors = cause.errors() if cause is not None and hasattr(cause, "errors") else []
+    return errors[0].get("input") if errors else None
+
+
+def user_error_from_click(e: ClickException, *, where: str | None = None, hints: dict[str, str] | None = None) -> UserError:
+    """One sentence naming the option, whatever Click complained about. `hints`: flag → why it is not here."""
+    place = f" in {where}" if where else ""
+    hints = dict(hints or {})
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and ctx.command is not None:
+        hints = {**getattr(ctx.command.callback, "__miles_flag_hints__", {}), **hints}
+    if isinstance(e, NoSuchOption):
+        flag = e.option_name
+        if flag in hints:
+            return UserError(f"{flag}{place}: {hints[flag]}", option=flag)
+        close = difflib.get_close_matches(flag, e.possibilities or [], n=3, cutoff=0.6) if e.possibilities else []
+        hint = f" Did you mean {' or '.join(close)}?" if close else " Run the command with --help-all to list the options."
+        return UserError(f"No such option {flag}{place}.{hint}", option=flag)
+    param = getattr(e, "param", None)
+    flag = None
+    if param is not None and getattr(param, "opts", None):
+        flag = max(param.opts, key=len)
+    if isinstance(e, MissingParameter) and flag:
+        return UserError(f"{flag} is required{place}; give it a value.", option=flag)
+    if isinstance(e, BadParameter) and flag:
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is not None and descriptor.is_choice:  # name only the choices this build can run
+            docs = _docs_of(ctx.command) if ctx is not None else {}
+            fd = docs.get(param.name or "")
+            choices = fd.choices if fd is not None and fd.choices else tuple(descriptor.choices or ())
+            m = re.search(r"('[^']*') is not one of", e.message)
+            value = m.group(1) if m else "the value"
+            return UserError(f"{flag}{place}: {value} is not one of {', '.join(map(str, choices))}; pick one of those.", option=flag)
+        raw = _raw_input(e)
+        fd = _docs_of(ctx.command).get(param.name or "") if ctx is not None else None
+        base = (fd.type[5:-1] if fd.type.startswith("list[") else fd.type) if fd is not None else ""
+        kind = {"int": "an integer", "float": "a number", "bool": "true or false"}.get(base)
+        if raw is not None and kind:  # typer's own wording comes from pydantic; say it the miles way
+            return UserError(f"{flag}{place}: {raw!r} is not {kind}; give {flag} {kind}.", option=flag)
+        return UserError(f"{flag}{place}: {e.message.rstrip('.')}.", option=flag)
+    m = re.fullmatch(r"Option '(--[^']+)' does not take a value\.?", e.format_message())
+    if m:
+        flag = m.group(1)
+        return UserError(f"{flag}{place} does not take a value; write {flag} or --no-{flag[2:]}.", option=flag)
+    message = e.format_message().rstrip(".")
+    return UserError(f"{message}{place}.", option=flag)
+
