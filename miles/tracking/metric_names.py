@@ -27,6 +27,9 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("rollout/truncated_ratio", "Fraction of samples cut by the response-length limit."),
     ("rollout/zero_std_fraction", "Fraction of prompt groups whose rewards are all equal (zero advantage under GRPO)."),
     ("rollout/dropped/<reason>", "Number of groups dynamic sampling dropped for `<reason>` at this step."),
+    ("rollout/aborted_groups", "Groups still generating when enough were kept: aborted and given back to the data source (drawn first next step)."),
+    ("rollout/engine_restarts", "Engine servers restarted by fault tolerance since the run started (only with --rollout-num-gpus)."),
+    ("rollout/requeued_requests", "Requests sent again because their engine server died under them, since the run started (only with --rollout-num-gpus)."),
     # train/: the optimizer steps on this rollout (means over the steps unless said otherwise)
     ("train/loss", "The loss that was back-propagated (policy loss − entropy bonus + KL loss)."),
     ("train/pg_loss", "PPO clipped surrogate (GSPO: with the sequence-level ratio)."),
