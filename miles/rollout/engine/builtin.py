@@ -21,9 +21,10 @@ How requests run:
    (seeded by `seed=`) in submission order.
 4. A row finishes on a stop token (the model's eos ids plus `stop_token_ids`; kept in `output_ids`),
    a stop string (matched on the decoded tail of the response; kept in `text`), `max_new_tokens`
-   ("length"), `abort_request` or `pause_generation()` ("abort"). Its future resolves at once. A
-   finished row leaves the batch (and its KV cache) as soon as a waiting request needs the slot, or
-   once a quarter of the batch has finished.
+   ("length"), `abort_request` or `pause_generation()` ("abort"). Its future resolves at once. Free
+   slots are refilled an eighth of the batch at a time (each admission costs a prefill forward and a
+   cache merge), or at once when everything waiting fits; finished rows leave the batch (and its KV
+   cache) then, or once a quarter of the batch has finished.
 5. Log-probs: see `base.py` (`log_softmax(logits / T)` of the chosen token; T = 1 for greedy;
    `return_original_logprob=True` gives T = 1 always).
 
@@ -62,9 +63,9 @@ from miles.rollout.engine.base import (
     weights_checksum,
 )
 
-# A finished row leaves the batch at once when a request is waiting for its slot; with nobody
-# waiting, finished rows are dropped only once this fraction of the batch has finished (compacting
-# the KV cache costs a copy, so doing it after every single finished row is slower on short outputs).
+# Finished rows leave the batch when waiting requests are admitted into their slots, or once this
+# fraction of the batch has finished (compacting the KV cache costs a copy, so doing it after every
+# single finished row is slower on short outputs).
 _COMPACT_FRACTION = 0.25
 # Tokens decoded past the longest stop string when looking for it in the response's tail: a token
 # can decode to nothing on its own (a partial UTF-8 byte), so the tail must be a little longer.
@@ -215,6 +216,7 @@ class BuiltinEngine(RolloutEngine):
         self._abort_rids: set[str] = set()
         self._abort_all = False
         self._model_lock = threading.Lock()
+        self._admit_min = max(1, max_batch_size // 8)
         self._thread: threading.Thread | None = None
         self._stats = {"requests": 0, "generated_tokens": 0, "busy_seconds": 0.0}
 
@@ -256,7 +258,8 @@ class BuiltinEngine(RolloutEngine):
                     f"{'pause_generation()' if self._paused else 'a weight update'}; "
                     "continue_generation() / end_weight_update() was never called"
                 )
-        futures = [self.submit(r) for r in requests]
+        with self._cond:  # queue them all before the scheduler looks, so they are admitted together
+            futures = [self.submit(r) for r in requests]
         deadline = time.monotonic() + self.wait_timeout_s
         out = []
         for f in futures:
@@ -298,7 +301,12 @@ class BuiltinEngine(RolloutEngine):
                         else:
                             kept.append(row)
                     self._waiting = kept
-                free = self.max_batch_size - (len(batch) if batch is not None else 0)
+                live = sum(batch.live) if batch is not None else 0
+                free = self.max_batch_size - live
+                # Each admission costs a prefill forward and a KV-cache merge, so slots are refilled
+                # in groups (an eighth of the batch), or at once when everything waiting fits.
+                if batch is not None and free < self._admit_min and len(self._waiting) > free:
+                    free = 0
                 admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 self._running = (len(batch) if batch is not None else 0) + len(admit)
             if batch is not None and (abort_all or rids):
@@ -363,7 +371,7 @@ class BuiltinEngine(RolloutEngine):
                 self._cond.notify_all()
             return None
         n_dead = len(batch) - n_live
-        if n_dead and (self._waiting or n_dead >= _COMPACT_FRACTION * len(batch)):
+        if n_dead >= _COMPACT_FRACTION * len(batch):
             batch.select([j for j, alive in enumerate(batch.live) if alive])
         last = torch.tensor([row.out[-1] if row.out else self.pad_token_id for row in batch.rows], dtype=torch.long)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch), 1))], dim=1)
