@@ -11,6 +11,10 @@ Models (random init, created in a temp dir, nothing downloaded):
 - tiny: the embedded default (hidden 64, 2 layers, ~124k params, vocab 19);
 - 15M:  hidden 384, 8 layers, 6 heads / 2 kv heads, MLP 1024, vocab 8192 (~15.7M params).
 
+A second table (continuous batching) times the engine alone on rollout-like work where lengths
+differ: 256 requests, each with its own max_new_tokens drawn from 1..64, through 64 batch slots. It
+reports generated tokens/s; run it against an older checkout (PYTHONPATH) for a before/after.
+
 Run (about 1-2 minutes on 2 CPU cores):
 
     python bench/rollout_engine.py                 # all cases, 1 torch thread
@@ -164,6 +168,31 @@ def run_case(
     return tokens / t_ours, tokens / t_hf
 
 
+# (model, requests, batch slots, prompt_len, longest new_tokens)
+MIXED_CASES = [("tiny", 256, 64, 8, 64), ("15M", 128, 32, 16, 32)]
+
+
+def run_mixed(hf_dir: Path, n: int, slots: int, prompt_len: int, longest: int, repeats: int) -> float:
+    """Generated tokens/s when each request has its own length (uniform in 1..longest)."""
+    engine = BuiltinEngine(hf_dir, max_batch_size=slots, seed=0)
+    vocab = engine.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(4, vocab, (n, prompt_len), generator=g)
+    lengths = torch.randint(1, longest + 1, (n,), generator=g).tolist()
+    reqs = [
+        GenerateRequest(p.tolist(), SamplingParams(temperature=1.0, max_new_tokens=k, seed=i), return_logprob=True)
+        for i, (p, k) in enumerate(zip(prompts, lengths))
+    ]
+    engine.generate(reqs)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = engine.generate(reqs)
+        times.append(time.perf_counter() - t0)
+        assert [len(r.output_ids) for r in out] == lengths
+    return sum(lengths) / statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadiest on a shared CPU)")
@@ -201,6 +230,18 @@ def main() -> None:
             console.print(f"{name} {shape} p={plen} n={new} ({what}): ours {ours:,.0f} tok/s, "
                           f"generate {hf:,.0f} tok/s, ratio {ours / hf:.2f}x")
     console.print(table)
+    mixed = Table(title="continuous batching: requests of mixed lengths through fewer batch slots")
+    for col in ("model", "requests", "slots", "new tokens", "ours tok/s"):
+        mixed.add_column(col, no_wrap=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, n, slots, plen, longest in MIXED_CASES:
+            if args.only and name != args.only:
+                continue
+            hf_dir = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
+            with console.status(f"{name}: {n} requests of 1..{longest} tokens"):
+                tps = run_mixed(hf_dir, n, slots, plen, longest, args.repeats)
+            mixed.add_row(name, str(n), str(slots), f"1..{longest}", f"{tps:,.0f}")
+    console.print(mixed)
     rows = []
     for key, label in (
         (("tiny", 32, 1, 16, 64), "engine vs HF generate tok/s, batch 32"),

@@ -25,3 +25,10 @@ class MissingInput(UserError):
 
 class StepFailed(RuntimeError):
     """An internal step failed; the message says which step and what it was doing."""
+
+
+class RunStopped(UserError):
+    """The run cannot go on for a reason outside the program (a rollout engine died without
+    --use-fault-tolerance): the CLI prints the one sentence and exits 1, without a traceback."""
+
+    exit_code = 1

@@ -12,9 +12,6 @@ from typing import Literal
 from miles.config.fields import Derived, option
 
 
-_ONE_ENGINE = "the built-in engine runs as one engine on one device; several engines need the SGLang backend, not built yet"
-
-
 @dataclass
 class ClusterConfig:
     actor_num_nodes: int = option(1, help="Number of nodes for the training actors.")
@@ -23,11 +20,14 @@ class ClusterConfig:
     )
     rollout_num_gpus: int | None = option(
         None,
-        help="Total devices for the rollout engines; unset = one engine on one device.",
-        unsupported=_ONE_ENGINE,
+        help=(
+            "Total devices for the rollout engines: --rollout-num-gpus / --rollout-num-gpus-per-engine engine "
+            "servers behind sglang-router (on CPU: one process each). Unset = one engine inside the rollout "
+            "manager, no server (the fastest on a CPU)."
+        ),
     )
     rollout_num_gpus_per_engine: int = option(
-        1, help="Devices per rollout engine (the engine's tensor-parallel size).", unsupported=_ONE_ENGINE
+        1, help="Devices per rollout engine (the engine's tensor-parallel size; the built-in engine uses 1)."
     )
     colocate: bool = option(
         False,

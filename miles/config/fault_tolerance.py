@@ -6,20 +6,22 @@ from dataclasses import dataclass
 
 from miles.config.fields import option
 
-_NOT_YET = "engine health monitoring and recovery are not built yet; a crashed run resumes from its last checkpoint with --load"
-
-
 @dataclass
 class FaultToleranceConfig:
     use_fault_tolerance: bool = option(
-        False, help="Health-check the rollout engines and restart dead ones.", unsupported=_NOT_YET
+        False,
+        help=(
+            "Restart a rollout engine server that fails its health check: it gets the current weights before it "
+            "serves again and its in-flight requests are sent again. Without it a dead engine stops the run "
+            "with a message naming it. (Engine servers run with --rollout-num-gpus.)"
+        ),
     )
     rollout_health_check_interval: float = option(
-        30.0, help="Seconds between engine health checks.", unsupported=_NOT_YET
+        30.0, help="Seconds between health checks (/health_generate) of each engine server."
     )
     rollout_health_check_timeout: float = option(
-        30.0, help="Seconds an engine may take to answer a health check.", unsupported=_NOT_YET
+        30.0, help="Seconds an engine server may take to answer a health check before it counts as dead."
     )
     rollout_health_check_first_wait: float = option(
-        0.0, help="Seconds to wait after (re)start before the first health check.", unsupported=_NOT_YET
+        0.0, help="Seconds to wait after the engines start before the first health check."
     )

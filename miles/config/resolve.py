@@ -86,8 +86,30 @@ def _require(condition: bool, message: str, option: str) -> None:
         raise UserError(message, option=option)
 
 
+def _check_engines(cfg: EngineConfig) -> None:
+    """Engine servers, the router and fault tolerance (miles/rollout/engine/fleet.py)."""
+    c, ft = cfg.cluster, cfg.fault_tolerance
+    _require(
+        c.rollout_num_gpus_per_engine == 1,
+        "--rollout-num-gpus-per-engine must be 1 with the built-in engine (it does not shard a model across devices).",
+        "--rollout-num-gpus-per-engine",
+    )
+    if c.rollout_num_gpus is not None:
+        _require(c.rollout_num_gpus >= 1, "--rollout-num-gpus must be at least 1 (or unset for the in-process engine).", "--rollout-num-gpus")
+    for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
+        _require(getattr(ft, name) > 0, f"--{name.replace('_', '-')} must be positive.", f"--{name.replace('_', '-')}")
+    _require(ft.rollout_health_check_first_wait >= 0, "--rollout-health-check-first-wait must be >= 0.", "--rollout-health-check-first-wait")
+    _require(
+        not ft.use_fault_tolerance or c.rollout_num_gpus is not None,
+        "--use-fault-tolerance restarts engine servers, and this run has none (the engine lives inside the rollout "
+        "manager); add --rollout-num-gpus N or drop --use-fault-tolerance.",
+        "--use-fault-tolerance",
+    )
+
+
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
+    _check_engines(cfg)
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(

@@ -57,6 +57,21 @@ class RolloutConfig:
     update_weight_buffer_size: int = option(
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
+    update_weight_transfer_mode: Literal["broadcast", "disk"] = option(
+        "broadcast",
+        help=(
+            "How engine servers get new weights from the trainer's source rank: broadcast (a gloo/NCCL group with "
+            "the engines, bucket by bucket) or disk (safetensors shards under the run directory, then "
+            "update_weights_from_disk). The in-process engine takes tensors directly."
+        ),
+    )
+    sglang_router_policy: Literal["round_robin", "cache_aware", "power_of_two", "random"] = option(
+        "round_robin",
+        help=(
+            "sglang-router's policy for spreading /generate over engine servers (upstream leaves the router's "
+            "cache_aware default, which at low concurrency sends everything to one engine)."
+        ),
+    )
     rollout_max_batch_size: int = option(
         256, help="Largest batch of sequences the built-in engine decodes at once.",
         in_eval=True,

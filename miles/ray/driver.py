@@ -146,7 +146,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     # Colocated actors take turns on the same devices: each asks for half a device (and half a CPU) so
     # Ray places a trainer and the engine together; separate placement gives each a whole device.
     share = 0.5 if cfg.cluster.colocate else 1.0
-    num_cpus = max(os.cpu_count() or 1, world + 1)
+    num_engines = cfg.cluster.rollout_num_gpus or 1  # engine servers (--rollout-num-gpus), or the in-process one
+    num_cpus = max(os.cpu_count() or 1, world + num_engines)
     options: dict[str, Any] = {"num_cpus": share}
     if device == "cuda":
         options["num_gpus"] = share
@@ -161,7 +162,11 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             )
 
     with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
-        manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
+        if cfg.cluster.rollout_num_gpus:  # engine servers in their own bundles; the manager only coordinates
+            engine_options = [{**options, **bundle_of(("engine", i))} for i in range(num_engines)]
+            manager = remote_object(RolloutManager, cfg, engine_actor_options=engine_options, log_dir=str(run_dir), actor_options={"num_cpus": 0})
+        else:
+            manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
         wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         d = cfg.data
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
@@ -230,7 +235,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                     if not cfg.debug.debug_rollout_only:
                         if c.offload_rollout:
                             wait(manager.onload.remote(), "the rollout engine to move back to the device")
-                        after["perf/weight_sync_time"] = _update_weights(cfg, workers, manager, version=step)
+                        sync_time, sync_metrics = _update_weights(cfg, workers, manager, version=step)
+                        after.update(sync_metrics, **{"perf/weight_sync_time": sync_time})
                         if c.offload_train:
                             _each(workers, "offload", "the trainer to move to host memory")
                     if _is_eval_step(cfg, step):
@@ -253,24 +259,36 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
 
                 plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
             tracker.finish(status=status)
+            if status == "FINISHED":  # stop the router and engine servers, if any, while the manager is idle
+                with contextlib.suppress(Exception):
+                    wait(manager.shutdown.remote(), "the rollout engines to stop", 60)
+            # Otherwise (a signal, an error) the manager may be busy and would take this call only after
+            # its current one: ray_session's end_hosted_actors kills it at once, its router follows
+            # (PR_SET_PDEATHSIG) and Ray ends the engine server actors it owns.
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
 
 
 @contextlib.contextmanager
 def placement(cfg: EngineConfig, world: int, device: str):
-    """One PACK placement group: a bundle per training rank, plus one for the engine unless colocated
-    (then the engine shares rank 0's bundle). Yields `bundle_of(rank | "rollout") -> actor options`
+    """One PACK placement group: a bundle per training rank, plus one per engine unless colocated
+    (then engine i shares rank i % world's bundle). Yields `bundle_of(rank | "rollout" | ("engine", i))
+    -> actor options`
     and removes the group afterwards (a shared Ray cluster gets its resources back)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     unit = {"CPU": 1.0, **({"GPU": 1.0} if device == "cuda" else {})}
-    n = world if cfg.cluster.colocate else world + 1
+    engines = cfg.cluster.rollout_num_gpus or 1
+    n = world if cfg.cluster.colocate else world + engines
     group = ray.util.placement_group([dict(unit) for _ in range(n)], strategy="PACK")
     wait(group.ready(), f"a placement group of {n} bundles of {unit}", ACTOR_START_TIMEOUT_S)
 
     def bundle_of(who) -> dict[str, Any]:
-        index = (0 if cfg.cluster.colocate else world) if who == "rollout" else who
+        if who == "rollout" or isinstance(who, tuple):  # the in-process engine, or ("engine", i) = server i
+            slot = who[1] if isinstance(who, tuple) else 0
+            index = slot % world if cfg.cluster.colocate else world + slot
+        else:
+            index = who
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)}
 
     try:
@@ -308,15 +326,13 @@ def _logged_eval(run_dir: Path, step: int) -> bool:
     return False
 
 
-def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> float:
+def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> tuple[float, dict[str, float]]:
+    """Seconds the whole update took, and what the trainer's source rank reported (bytes sent, send time)."""
+    from miles.ray.weight_sync import sync_weights
+
     t0 = time.perf_counter()
-    count = wait(workers[0].plan_weight_buckets.remote(cfg.rollout.update_weight_buffer_size), "the trainer to plan weight buckets")
-    wait(manager.begin_weight_update.remote(), "the rollout engine to pause for a weight update")
-    for i in range(count):
-        # The bucket travels worker → engine as an object reference: the driver never holds it, and
-        # at most one bucket (--update-weight-buffer-size bytes) is in flight.
-        wait(manager.load_weight_bucket.remote(workers[0].weight_bucket.remote(i)), f"weight bucket {i + 1}/{count}")
-    wait(manager.end_weight_update.remote(version), "the rollout engine to finish the weight update")
+    # The trainer ranks push the buckets to the engines; the driver only orders the three calls.
+    sent = sync_weights(cfg, workers, manager, version=version, wait=wait)
     if cfg.debug.check_weight_update_equal:
         trainer_sum, engine_sum = wait(
             [workers[0].weights_checksum.remote(), manager.weights_checksum.remote()], "weight checksums"
@@ -326,7 +342,7 @@ def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> flo
                 f"--check-weight-update-equal: after the weight update to version {version} the rollout engine's "
                 f"weights (sha256 {engine_sum[:12]}) differ from the trainer's ({trainer_sum[:12]})"
             )
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, dict(sent or {})
 
 
 def _save(cfg: EngineConfig, workers, manager, rollout_id: int, save_checkpoint) -> None:

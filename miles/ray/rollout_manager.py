@@ -1,9 +1,17 @@
-"""The rollout manager: prompts → engine → rewards → train data, and eval, behind one object.
+"""The rollout manager: prompts → engines → rewards → train data, and eval, behind one object.
 
-It owns the rollout engine (the built-in torch engine; the SGLang client plugs in behind the same
-`RolloutEngine` interface), the prompt data source, the eval datasets and the reward settings. The
-driver runs it as one Ray actor (`ray.remote(RolloutManager)`) and talks to it only through the
-methods below; it can also be used in-process (tests).
+It owns the rollout engine (made by `miles.rollout.engine.factory.make_engine` from --rollout-backend:
+the built-in engine in-process, or a fleet of engine servers behind sglang-router with
+--rollout-num-gpus), the prompt data source, the eval datasets and the reward settings. The driver
+runs it as one Ray actor and talks to it only through the methods below; it can also be used
+in-process (tests).
+
+Generation is per request and asynchronous. A training rollout submits whole prompt groups, scores
+each group as soon as its last sample is back and applies the dynamic-sampling filter to it; while
+fewer groups are in flight than are still missing it draws --over-sampling-batch-size more (upstream's
+group-level rule). Once --rollout-batch-size groups are kept, the groups still in flight are aborted
+and go back to the data source, first in line for the next step. Kept groups are put in the order
+they were drawn, so a run without over-sampling is reproducible whatever order requests finish in.
 
 Sampling is reproducible without saving engine RNG state: every request carries its own seed derived
 from (--rollout-seed, rollout id, sample index), so a resumed run regenerates exactly what an
@@ -25,8 +33,8 @@ import torch
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
-from miles.rollout.engine.base import GenerateRequest, SamplingParams
-from miles.rollout.engine.builtin import BuiltinEngine
+from miles.rollout.engine.base import GenerateRequest, GenerateResponse, SamplingParams
+from miles.rollout.engine.factory import make_engine
 from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.rm_hub import compute_group_rewards
 from miles.rollout.train_data import samples_to_train_data
@@ -55,17 +63,25 @@ def pick_device(device: str) -> str:
 
 
 class RolloutManager:
-    def __init__(self, cfg: EngineConfig, *, threads: int = 1, train_data: bool = True):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        *,
+        threads: int = 1,
+        train_data: bool = True,
+        engine_actor_options: list[dict[str, Any]] | None = None,
+        log_dir: str | None = None,
+    ):
         torch.set_num_threads(threads)
         self.cfg = cfg
         r, d = cfg.rollout, cfg.data
-        self.engine = BuiltinEngine(
-            r.hf_checkpoint,
-            device=pick_device(cfg.cluster.device),
-            max_batch_size=r.rollout_max_batch_size,
-            seed=r.rollout_seed,
-        )
-        self.tokenizer = self.engine.tokenizer
+        self.log_dir = log_dir
+        self.engine = make_engine(cfg, device=pick_device(cfg.cluster.device), actor_options=engine_actor_options, log_dir=log_dir)
+        self.tokenizer = getattr(self.engine, "tokenizer", None)
+        if self.tokenizer is None:  # engine servers: the manager still tokenizes prompts itself
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(r.hf_checkpoint, local_files_only=True)
         if train_data:  # `miles eval` needs only the eval datasets
             self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
             self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
@@ -93,38 +109,45 @@ class RolloutManager:
     def num_prompts(self) -> int:
         return len(self.dataset)
 
-    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams) -> int:
-        """Fill `samples` in place with responses; return the number of generated tokens.
-
-        Each request gets its own seed (from --rollout-seed, the rollout id and the sample index), and
-        its new tokens are capped so prompt + response stay within --rollout-max-context-len.
-        """
+    def _request(self, s: Sample, *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> GenerateRequest:
+        """The request for one sample. Each request gets its own seed (from --rollout-seed, the rollout
+        id and the sample index), and its new tokens are capped so prompt + response stay within
+        --rollout-max-context-len."""
         context = self.cfg.rollout.rollout_max_context_len
-        requests = []
-        for s in samples:
-            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
-            s.tokens = list(prompt_ids)
-            max_new = params.max_new_tokens if context is None else max(0, min(params.max_new_tokens, context - len(prompt_ids)))
-            seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
-            requests.append(
-                GenerateRequest(
-                    input_ids=prompt_ids,
-                    sampling_params=dataclasses.replace(params, max_new_tokens=max_new, seed=seed),
-                    return_logprob=True,
-                )
-            )
-        responses = self.engine.generate(requests)
-        total = 0
-        for s, resp in zip(samples, responses):
-            s.tokens = s.tokens + list(resp.output_ids)
-            s.response_length = len(resp.output_ids)
-            s.response = resp.text
-            s.rollout_log_probs = [float(x) for x in resp.output_token_logprobs]
-            finish = resp.finish_reason["type"]
-            s.status = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}.get(finish, SampleStatus.ABORTED)
-            s.weight_version = self.engine.weight_version
-            total += s.response_length
-        return total
+        prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
+        s.tokens = list(prompt_ids)
+        max_new = params.max_new_tokens if context is None else max(0, min(params.max_new_tokens, context - len(prompt_ids)))
+        seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
+        return GenerateRequest(
+            input_ids=prompt_ids,
+            sampling_params=dataclasses.replace(params, max_new_tokens=max_new, seed=seed),
+            return_logprob=True,
+            rid=rid,
+        )
+
+    @staticmethod
+    def _fill(s: Sample, resp: GenerateResponse) -> int:
+        s.tokens = s.tokens + list(resp.output_ids)
+        s.response_length = len(resp.output_ids)
+        s.response = resp.text
+        s.rollout_log_probs = [float(x) for x in (resp.output_token_logprobs or [])]
+        finish = resp.finish_reason["type"]
+        s.status = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}.get(finish, SampleStatus.ABORTED)
+        s.weight_version = resp.weight_version
+        return s.response_length
+
+    async def _run(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> int:
+        """Generate `samples` (in place) through the engine, all requests in flight at once; returns tokens."""
+        reqs = [
+            self._request(s, rollout_id=rollout_id, purpose=purpose, params=params, rid=None if rid is None else f"{rid}{j:04d}")
+            for j, s in enumerate(samples)
+        ]
+        responses = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(q)) for q in reqs))
+        return sum(self._fill(s, resp) for s, resp in zip(samples, responses))
+
+    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams) -> int:
+        """Fill `samples` in place with responses; return the number of generated tokens."""
+        return asyncio.run(self._run(samples, rollout_id=rollout_id, purpose=purpose, params=params))
 
     def _score(self, groups: list[list[Sample]]) -> None:
         async def score_all():
@@ -135,39 +158,73 @@ class RolloutManager:
 
         asyncio.run(score_all())
 
-    def generate(self, rollout_id: int) -> dict[str, Any]:
-        """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
+    async def _group(self, group: list[Sample], *, rollout_id: int, purpose: str, rid: str) -> int:
+        """Generate and score one prompt group."""
+        params = SamplingParams.from_rollout_config(self.cfg.rollout)
+        tokens = await self._run(group, rollout_id=rollout_id, purpose=purpose, params=params, rid=rid)
+        for s, reward in zip(group, await compute_group_rewards(self.cfg.reward, group)):
+            s.reward = reward
+        return tokens
+
+    async def _collect(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
+        """Kept groups (in draw order), counts of dropped/aborted groups, generated tokens."""
         d, r = self.cfg.data, self.cfg.rollout
-        t0 = time.perf_counter()
-        kept: list[list[Sample]] = []
-        dropped: dict[str, int] = {}
-        tokens = 0
-        attempts = 0
-        while len(kept) < d.rollout_batch_size:
-            attempts += 1
-            if attempts > 100:
-                raise UserError(
-                    f"the dynamic sampling filter kept {len(kept)} of {d.rollout_batch_size} groups after 100 "
-                    "batches; loosen --dynamic-sampling-filter-path or raise --over-sampling-batch-size.",
-                    option="--dynamic-sampling-filter-path",
-                )
-            groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
-            flat = [s for g in groups for s in g]
-            tokens += self._generate(flat, rollout_id=rollout_id, purpose=f"train{attempts}", params=SamplingParams.from_rollout_config(r))
-            self._score(groups)
-            unused = []
-            for g in groups:
-                if len(kept) == d.rollout_batch_size:
-                    unused.append(g)
+        target = d.rollout_batch_size
+        prefix = f"train-{rollout_id:06d}-"  # fixed width: SGLang aborts by rid prefix
+        kept: list[tuple[int, list[Sample]]] = []
+        spare: list[tuple[int, list[Sample]]] = []
+        counts: dict[str, float] = {}
+        pending: dict[asyncio.Future, tuple[int, list[Sample]]] = {}
+        tokens = pulls = drawn = 0
+        while len(kept) < target:
+            if len(pending) < target - len(kept):
+                pulls += 1
+                if pulls > 100:
+                    raise UserError(
+                        f"the dynamic sampling filter kept {len(kept)} of {target} groups after 100 "
+                        "batches; loosen --dynamic-sampling-filter-path or raise --over-sampling-batch-size.",
+                        option="--dynamic-sampling-filter-path",
+                    )
+                for g in self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt):
+                    drawn += 1
+                    task = asyncio.ensure_future(
+                        self._group(g, rollout_id=rollout_id, purpose=f"train{pulls}", rid=f"{prefix}{drawn:06d}-")
+                    )
+                    pending[task] = (drawn, g)
+                continue
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: pending[t][0]):
+                order, g = pending.pop(task)
+                tokens += task.result()
+                if len(kept) == target:  # finished together with the last needed group: not needed
+                    spare.append((order, g))
                     continue
                 if self.dynamic_filter is not None:
                     verdict = apply_group_filter(self.dynamic_filter, self.cfg.reward, g)
                     if not verdict.keep:
-                        dropped[verdict.reason] = dropped.get(verdict.reason, 0) + 1
+                        key = f"rollout/dynamic_filter/drop_{verdict.reason}"  # upstream miles' name
+                        counts[key] = counts.get(key, 0.0) + 1
                         continue
-                kept.append(g)
-            if unused:  # drawn but not needed: their prompts come back first next time, as fresh prompts
-                self.data_source.add_samples([[_as_fresh(s) for s in g] for g in unused])
+                kept.append((order, g))
+        if pending:  # enough groups: stop the rest now (upstream aborts; the groups go back to the buffer)
+            await asyncio.get_running_loop().run_in_executor(None, lambda: self.engine.abort_request(prefix))
+            await asyncio.wait(pending, timeout=60)
+            for task in pending:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: an aborted group's error (if any) is not news
+                else:
+                    task.cancel()
+            spare.extend(pending.values())
+        counts["rollout/aborted_groups"] = float(len(pending))
+        if spare:  # drawn but not needed: their prompts come back first next time, as fresh prompts
+            self.data_source.add_samples([[_as_fresh(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
+        return [g for _, g in sorted(kept, key=lambda x: x[0])], counts, tokens
+
+    def generate(self, rollout_id: int) -> dict[str, Any]:
+        """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
+        d = self.cfg.data
+        t0 = time.perf_counter()
+        kept, counts, tokens = asyncio.run(self._collect(rollout_id))
         samples = [s for g in kept for s in g]
         train_data = samples_to_train_data(
             samples,
@@ -190,9 +247,12 @@ class RolloutManager:
             "rollout/zero_std_fraction": (group_std <= 1e-8).double().mean().item(),
             "perf/rollout_time": elapsed,
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            **counts,
         }
-        for reason, count in dropped.items():
-            metrics[f"rollout/dynamic_filter/drop_{reason}"] = float(count)  # upstream miles' name
+        health = self.engine.health()
+        if "restarts" in health:  # engine servers
+            metrics["rollout/engine_restarts"] = float(health["restarts"])
+            metrics["rollout/requeued_requests"] = float(health["requeued"])
         if self.cfg.debug.save_debug_rollout_data:
             path = Path(self.cfg.debug.save_debug_rollout_data.format(rollout_id=rollout_id))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,14 +308,29 @@ class RolloutManager:
         return metrics
 
     # ------------------------------------------------------------------ weights
-    def begin_weight_update(self) -> None:
+    def begin_weight_update(self) -> dict[str, Any]:
+        """Pause (in-flight requests abort), flush, open the update session on every engine; returns
+        where the trainer's source rank sends the weights (miles/ray/weight_sync.py)."""
+        if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
+            self.engine.pause_generation()
+            self.engine.begin_weight_update()
+            return {"mode": "tensor"}
         self.engine.begin_weight_update()
+        r = self.cfg.rollout
+        return {
+            "mode": r.update_weight_transfer_mode,
+            "urls": self.engine.weight_targets(),
+            "disk_dir": str(Path(self.log_dir or ".") / "weight_sync"),
+            "hf_checkpoint": r.hf_checkpoint,
+        }
 
     def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights_from_tensors(bucket)
 
     def end_weight_update(self, version: int) -> None:
         self.engine.end_weight_update(version)
+        if not hasattr(self.engine, "weight_targets"):
+            self.engine.continue_generation()
 
     def update_weights(self, buckets: list[list[tuple[str, torch.Tensor]]], version: int) -> None:
         """All buckets in one call (in-process use, e.g. `miles eval` loading a checkpoint)."""
@@ -266,16 +341,31 @@ class RolloutManager:
 
     def offload(self) -> None:
         """--offload-rollout: engine weights to host memory while the actors train (no-op on CPU)."""
-        if self.engine.device.type != "cpu":
-            self.engine.model.to("cpu")
-            torch.cuda.empty_cache()
+        self.engine.release_memory_occupation()
 
     def onload(self) -> None:
-        if self.engine.device.type != "cpu":
-            self.engine.model.to(self.engine.device)
+        self.engine.resume_memory_occupation()
 
     def weights_checksum(self) -> str:
         return self.engine.get_weights_checksum()
+
+    def recover_engines(self) -> bool:
+        """After a failed weight update: True when the engines were recovered and the update may run
+        again (fault tolerance); raises RunStopped naming a dead engine otherwise; False in-process."""
+        recover = getattr(self.engine, "recover", None)
+        if recover is None:
+            return False
+        recover()
+        return True
+
+    def engine_health(self) -> dict[str, Any]:
+        return self.engine.health()
+
+    def shutdown(self) -> None:
+        """Stop engine servers and the router (no-op for the in-process engine)."""
+        stop = getattr(self.engine, "shutdown", None)
+        if stop is not None:
+            stop()
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:

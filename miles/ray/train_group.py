@@ -97,6 +97,12 @@ class TrainWorker:
         weights = dict(self.trainer.named_weights_for_sync())
         return [(name, weights[name].detach().clone().cpu()) for name in self._bucket_names[index]]
 
+    def push_weights(self, targets: dict[str, Any], version: int) -> dict[str, float]:
+        """Every rank: iterate the weight buckets; the source rank sends them to the engines (miles/ray/weight_sync.py)."""
+        from miles.ray.weight_sync import push_weights
+
+        return push_weights(self, targets, version)
+
     def weights_checksum(self) -> str:
         from miles.rollout.engine.base import weights_checksum
 

@@ -27,6 +27,9 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("rollout/truncated_ratio", "Fraction of samples cut by the response-length limit."),
     ("rollout/zero_std_fraction", "Fraction of prompt groups whose rewards are all equal (zero advantage under GRPO)."),
     ("rollout/dynamic_filter/drop_<reason>", "Number of groups dynamic sampling dropped for `<reason>` at this step (upstream miles' name)."),
+    ("rollout/aborted_groups", "Groups still generating when enough were kept: aborted and given back to the data source (drawn first next step)."),
+    ("rollout/engine_restarts", "Engine servers restarted by fault tolerance since the run started (only with --rollout-num-gpus)."),
+    ("rollout/requeued_requests", "Requests sent again because their engine server died under them, since the run started (only with --rollout-num-gpus)."),
     # train/: the optimizer steps on this rollout (means over the steps unless said otherwise)
     ("train/loss", "The loss that was back-propagated (policy loss − entropy bonus + KL loss)."),
     ("train/pg_loss", "PPO clipped surrogate (GSPO: with the sequence-level ratio)."),
@@ -61,6 +64,8 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("perf/train_time", "Seconds the driver waited for training on the rollout."),
     ("perf/train_step_time", "Seconds the trainer spent in its train call (inside perf/train_time)."),
     ("perf/weight_sync_time", "Seconds to send the new weights to the rollout engines."),
+    ("perf/weight_sync_bytes", "Bytes of weights the trainer's source rank sent to the rollout engines at this step's weight update."),
+    ("perf/weight_sync_send_time", "Seconds the trainer's source rank spent sending them (inside perf/weight_sync_time)."),
     ("perf/eval_time", "Seconds spent on eval (all datasets) at this step."),
     ("perf/rollout_tokens_per_s", "Generated tokens per second during the rollout."),
     ("perf/train_tokens_per_s", "Trained tokens (prompt + response) per second, all data-parallel ranks."),

@@ -22,6 +22,8 @@ BAD = [
     (["train", "--extra-args", "--lr"], "--lr"),
     (["train", "--train-backend", "megatron"], "--train-backend"),
     (["train", "--use-fault-tolerance"], "--use-fault-tolerance"),
+    (["train", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"], "--rollout-num-gpus-per-engine"),
+    (["train", "--sglang-router-policy", "fastest"], "--sglang-router-policy"),
     (["train", "--eps-clip-c", "0.5"], "--eps-clip-c"),
     (["train", "--num-epoch", "0"], "--num-epoch"),
     (["train", "--advantage-estimator", "ppo"], "--advantage-estimator"),

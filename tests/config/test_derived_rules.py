@@ -94,7 +94,11 @@ def test_a_rule_that_lies_is_caught():
         ({"train_backend": "megatron"}, "--train-backend"),
         ({"rollout_backend": "sglang"}, "--rollout-backend"),
         ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
-        ({"use_fault_tolerance": True}, "--use-fault-tolerance"),
+        ({"use_fault_tolerance": True}, "--use-fault-tolerance"),  # no engine servers to restart
+        ({"rollout_num_gpus": 2, "rollout_num_gpus_per_engine": 2}, "--rollout-num-gpus-per-engine"),
+        ({"rollout_num_gpus": 0}, "--rollout-num-gpus"),
+        ({"rollout_num_gpus": 2, "rollout_health_check_interval": 0}, "--rollout-health-check-interval"),
+        ({"rollout_num_gpus": 2, "rollout_health_check_first_wait": -1}, "--rollout-health-check-first-wait"),
         ({"eval_max_in_flight": 4}, "--eval-max-in-flight"),
         ({"actor_num_gpus_per_node": 3}, "--global-batch-size"),
     ],

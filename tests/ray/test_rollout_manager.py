@@ -96,3 +96,35 @@ def test_eval_reports_accuracy_only_for_right_or_wrong_rewards(setup):
     fractional = make(setup, rm_type="f1").eval(0)
     assert "eval/arith/reward" in fractional and "eval/arith/accuracy" not in fractional
     assert 0.0 <= fractional["eval/arith/reward"] <= 1.0
+
+
+def test_dynamic_sampling_aborts_in_flight_groups_and_they_come_back_next_step(setup):
+    # One group decodes at a time (2 batch slots, 2 samples per group), 8 groups are submitted for 2
+    # needed and responses are long: when the 2nd group is kept, later groups are running or queued.
+    m = make(setup, over_sampling_batch_size=8, rollout_max_batch_size=2, rollout_max_response_len=40)
+    m.engine.eos_token_ids = frozenset()  # every response runs to its length limit
+    finishes: list[str] = []
+    aborts: list[str] = []
+    submit, abort = m.engine.submit, m.engine.abort_request
+
+    def spy_submit(request):
+        future = submit(request)
+        future.add_done_callback(lambda f: finishes.append(f.result().finish_type))
+        return future
+
+    m.engine.submit = spy_submit
+    m.engine.abort_request = lambda rid="", abort_all=False: (aborts.append(rid), abort(rid, abort_all))
+    out = m.generate(0)
+    assert len(out["train_data"]["tokens"]) == 4
+    assert out["train_data"]["sample_indices"] == [0, 1, 2, 3]  # the first two groups drawn, in draw order
+    assert aborts == ["train-000000-"]
+    assert out["metrics"]["rollout/aborted_groups"] == 6.0
+    # Aborted mid-generation, not generated to the end and thrown away: 6 groups x 2 samples came
+    # back "abort" (running ones with a partial response, queued ones with none).
+    assert finishes.count("abort") == 12 and finishes.count("length") == 4
+    assert len(m.data_source) == 6
+    returned = [g[0].group_index for g in m.data_source._buffer]
+    assert returned == [2, 3, 4, 5, 6, 7] and all(s.response_length == 0 and s.reward is None for g in m.data_source._buffer for s in g)
+    # Next step: the aborted groups are the first ones drawn (and kept).
+    nxt = m.generate(1)
+    assert nxt["train_data"]["sample_indices"] == [4, 5, 6, 7]

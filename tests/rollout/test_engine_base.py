@@ -86,8 +86,18 @@ def test_sampling_params_follow_sglang_names():
     assert sp.seed == 9 and sp.stop == ["\n"] and sp.top_p == 1.0 and sp.top_k == 3
     assert sp.to_dict()["sampling_seed"] == 9 and "seed" not in sp.to_dict()
     assert SamplingParams.from_dict(sp.to_dict()) == sp
-    with pytest.raises(ValueError, match="frequency_penalty"):
-        SamplingParams.from_dict({"frequency_penalty": 1.0})
+    # Other SGLang keys pass through untouched (an SGLang server honours them) ...
+    passed = SamplingParams.from_dict({"frequency_penalty": 1.0, "no_stop_trim": True, "min_p": None})
+    assert passed.extra == {"frequency_penalty": 1.0, "no_stop_trim": True}  # null = SGLang's default
+    assert passed.to_dict()["frequency_penalty"] == 1.0 and SamplingParams.from_dict(passed.to_dict()) == passed
+    # ... and the built-in engine refuses, by name, the ones it cannot honour.
+    from miles.rollout.engine.builtin import reject_unsupported_sampling
+
+    with pytest.raises(ValueError, match=r"frequency_penalty=1\.0.*--rollout-backend sglang"):
+        reject_unsupported_sampling(passed)
+    with pytest.raises(ValueError, match="not an SGLang sampling key"):
+        reject_unsupported_sampling(SamplingParams.from_dict({"temprature": 1.0}))
+    reject_unsupported_sampling(SamplingParams.from_dict({"frequency_penalty": 0.0, "no_stop_trim": True}))
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):

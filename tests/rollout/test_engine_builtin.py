@@ -20,9 +20,9 @@ from miles.rollout.engine.builtin import (
     BuiltinEngine,
     _apply_top_k,
     _apply_top_p,
-    exponential_noise,
     mix64,
     sample_next,
+    uniform_noise,
 )
 
 torch.set_num_threads(1)
@@ -68,8 +68,8 @@ def _ids(engine: BuiltinEngine, text: str) -> list[int]:
     return engine.tokenizer(text)["input_ids"]
 
 
-def _req(engine: BuiltinEngine, text: str, **sp) -> GenerateRequest:
-    return GenerateRequest(_ids(engine, text), SamplingParams(**sp), return_logprob=True)
+def _req(engine: BuiltinEngine, text: str, rid: str | None = None, **sp) -> GenerateRequest:
+    return GenerateRequest(_ids(engine, text), SamplingParams(**sp), return_logprob=True, rid=rid)
 
 
 def test_greedy_matches_hf_generate_token_for_token(engine, hf_model):
@@ -243,18 +243,22 @@ def _splitmix64_reference(state: int, i: int) -> int:
     return z ^ (z >> 31)
 
 
-def test_noise_is_splitmix64_and_exponential():
+def test_noise_is_splitmix64_and_uniform():
     # 1234567 through SplitMix64 is a published test vector (first output 6457827717110365317).
     assert _splitmix64_reference(1234567, 1) == 6457827717110365317
     states = [0, 1, 1234567, 2**63 + 5, 2**64 - 1]
     signed = torch.tensor([x - 2**64 if x >= 2**63 else x for x in states], dtype=torch.int64)
     got = [x % 2**64 for x in mix64(signed + _GOLDEN).tolist()]
     assert got == [_splitmix64_reference(x, 1) for x in states]  # int64 wraparound is exact
-    e = exponential_noise(torch.arange(200, dtype=torch.int64), step=3, vocab=500)
-    assert e.shape == (200, 500) and bool((e > 0).all()) and bool(torch.isfinite(e).all())
-    assert abs(e.mean().item() - 1.0) < 0.01 and abs(e.var().item() - 1.0) < 0.03  # Exp(1): mean 1, var 1
-    assert torch.equal(e, exponential_noise(torch.arange(200, dtype=torch.int64), step=3, vocab=500))
-    assert not torch.equal(e, exponential_noise(torch.arange(200, dtype=torch.int64), step=4, vocab=500))
+    # Row r at step s: the first output of SplitMix64 from state mix64(key + s * golden), top 53 bits.
+    keys, steps = torch.tensor([3, -7, 2**62]), torch.tensor([0, 5, 9])
+    for k, st, u in zip(keys.tolist(), steps.tolist(), uniform_noise(keys, steps).tolist()):
+        state = _splitmix64_reference((k + st * 0x9E3779B97F4A7C15) % 2**64 - 0x9E3779B97F4A7C15, 1)
+        assert u == (_splitmix64_reference(state, 1) >> 11) * 2.0**-53
+    u = uniform_noise(torch.arange(100_000, dtype=torch.int64), torch.full((100_000,), 3))
+    assert bool((u >= 0).all()) and bool((u < 1).all())
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    assert not torch.equal(u, uniform_noise(torch.arange(100_000, dtype=torch.int64), torch.full((100_000,), 4)))
 
 
 def test_top_k_and_top_p_by_hand():
@@ -325,7 +329,7 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
 
     def pausing_forward(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:  # prefill + 2 decode steps, then a pause arrives
+        if calls["n"] == 3:  # prefill + 2 decode steps (2 tokens sampled), then a pause arrives
             eng.pause_generation()
         return forward(*args, **kwargs)
 
@@ -334,7 +338,7 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     eng.model.forward = forward
     for r in out:
         if r.finish_type != "stop":  # a row may legitimately hit eos before the pause
-            assert r.finish_reason == {"type": "abort"} and len(r.output_ids) == 3
+            assert r.finish_reason == {"type": "abort"} and len(r.output_ids) == 2
     assert any(r.finish_type == "abort" for r in out)
     with pytest.raises(TimeoutError, match="continue_generation"):
         eng.generate([_req(eng, "1+1=", max_new_tokens=2)])
@@ -355,3 +359,47 @@ def test_a_directory_without_a_model_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no config.json") as err:
         BuiltinEngine(tmp_path)
     assert err.value.option == "--hf-checkpoint"
+
+
+def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir):
+    # Two slots; a 40-token request, a 2-token one and a third that waits. The third must be decoded
+    # alongside the long one (it takes the short one's slot), not after it, and every row must
+    # equal its solo run (greedy and seeded sampling alike) although it joined a batch mid-flight.
+    eng = BuiltinEngine(hf_dir, max_batch_size=2)
+    reqs = [
+        _req(eng, "1+2=", temperature=0, max_new_tokens=40, stop_token_ids=[], rid="long"),
+        _req(eng, "33+4=", temperature=0, max_new_tokens=2, rid="short"),
+        _req(eng, "5+6=", temperature=1.0, max_new_tokens=6, seed=11, stop_token_ids=[], rid="late"),
+    ]
+    for r in reqs:
+        r.sampling_params.stop_token_ids = []  # no eos either: lengths are exactly max_new_tokens
+    eng.eos_token_ids = frozenset()
+    solo = [eng.generate([r])[0] for r in reqs]
+    sizes: list[int] = []
+    forward = eng.model.forward
+
+    def spy(*args, **kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    eng.model.forward = spy
+    together = eng.generate(reqs)
+    eng.model.forward = forward
+    for a, b in zip(together, solo):
+        assert a.output_ids == b.output_ids and a.finish_type == "length"
+        assert a.output_token_logprobs == pytest.approx(b.output_token_logprobs, abs=1e-5)
+    # One prefill of 2 prompts, 2 decode steps of 2 rows, a prefill of the late one, then 2-row steps
+    # until the late row (6 tokens) is done, then the long row alone: 40 tokens need ~41 forwards.
+    assert sizes[0] == 2 and sizes[3] == 1 and sizes[4] == 2
+    assert len(sizes) <= 43, sizes  # without continuous batching: 40 + 6 + prefills
+
+
+def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir):
+    eng = BuiltinEngine(hf_dir, max_batch_size=8)
+    eng.eos_token_ids = frozenset()
+    futures = [eng.submit(_req(eng, p, temperature=0, max_new_tokens=200, rid=f"g1-{i}")) for i, p in enumerate(PROMPTS[:3])]
+    keep = eng.submit(_req(eng, "4+4=", temperature=0, max_new_tokens=5, rid="g2-0"))
+    eng.abort_request("g1-")
+    aborted = [f.result(timeout=60) for f in futures]
+    assert all(r.finish_type == "abort" and len(r.output_ids) < 200 for r in aborted)
+    assert keep.result(timeout=60).finish_type == "length"

@@ -39,6 +39,8 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import torch
 
     from miles.config.rollout import RolloutConfig
@@ -64,6 +66,9 @@ class SamplingParams:
     """Drop special tokens (pad/eos/...) from `text`; `output_ids` always keeps every token."""
     seed: int | None = None
     """Per-request seed (SGLang's `sampling_seed`): same seed and prompt -> same sample, whatever the batch."""
+    extra: dict[str, Any] | None = None
+    """Any other SGLang sampling key, passed through to engines that understand it (the built-in
+    engine rejects the ones it cannot honour; SGLang rejects keys it does not know)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -77,15 +82,13 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SamplingParams":
-        """Build from SGLang's JSON dict; unknown keys (SGLang has many) are rejected, not ignored."""
-        d = dict(d)
+        """Build from SGLang's JSON dict; keys not named here go to `extra` (passed through, not dropped)."""
+        d = {k: v for k, v in d.items() if v is not None or k in ("stop", "stop_token_ids", "seed")}
         if "sampling_seed" in d:  # SGLang's name for the per-request seed
             d["seed"] = d.pop("sampling_seed")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"sampling_params keys {unknown} are not supported; supported: {sorted(names)}")
-        return cls(**d)
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        extra = {k: d.pop(k) for k in sorted(set(d) - names)}
+        return cls(**d, extra=extra or None)
 
     @classmethod
     def from_rollout_config(cls, rollout: "RolloutConfig", *, seed: int | None = None) -> "SamplingParams":
@@ -105,6 +108,7 @@ class SamplingParams:
         d = dataclasses.asdict(self)
         if d.pop("seed") is not None:
             d["sampling_seed"] = self.seed
+        d.update(d.pop("extra") or {})
         return d
 
 
@@ -200,6 +204,8 @@ class GenerateResponse:
         if output_ids is None and meta.get("output_token_logprobs") is not None:
             output_ids = [int(item[1]) for item in meta["output_token_logprobs"]]
         version = meta.get("weight_version")
+        if isinstance(version, str) and not version.lstrip("-").isdigit():
+            version = None  # SGLang's initial version is the string "default"
         return cls(
             output_ids=list(output_ids or []),
             text=d.get("text", ""),
@@ -213,15 +219,26 @@ class GenerateResponse:
 
 
 class RolloutEngine(abc.ABC):
-    """What the driver needs from an engine. Implementations: built-in torch engine, SGLang client."""
+    """What the rollout manager needs from an engine, in-process or a server (`http_client.HttpEngine`),
+    or a fleet of servers behind a router (`fleet.EngineFleet`). Generation is per request and
+    asynchronous: `submit` returns a `concurrent.futures.Future` that resolves when that request
+    finishes; `abort_request` ends the chosen ones early (their futures resolve with finish "abort")."""
 
     @abc.abstractmethod
+    def submit(self, request: GenerateRequest) -> "Future[GenerateResponse]":
+        """Queue one request; the future resolves to its response as soon as it finishes."""
+
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        """Answer every request (same order). While paused, waits for `continue_generation`."""
+        """Answer every request (same order): submit all, then wait for all."""
+        return [f.result() for f in [self.submit(r) for r in requests]]
+
+    @abc.abstractmethod
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Finish the requests whose rid starts with `rid` (or all) now, with finish_reason "abort"."""
 
     @abc.abstractmethod
     def begin_weight_update(self) -> None:
-        """Start a weight update: waits for in-flight generation to stop; generation is refused until the end."""
+        """Start a weight update: waits for in-flight generation to stop; new requests wait until the end."""
 
     @abc.abstractmethod
     def update_weights_from_tensors(
@@ -235,7 +252,7 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def pause_generation(self) -> None:
-        """Stop generating: in-flight requests return early with finish_reason "abort"."""
+        """Stop generating: in-flight requests return early with finish_reason "abort"; new ones wait."""
 
     @abc.abstractmethod
     def continue_generation(self) -> None:
@@ -244,6 +261,14 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def flush_cache(self) -> None:
         """Drop any cached KV / prefix state (stale after a weight update)."""
+
+    @abc.abstractmethod
+    def release_memory_occupation(self) -> None:
+        """Free device memory (weights, KV) while a colocated trainer runs."""
+
+    @abc.abstractmethod
+    def resume_memory_occupation(self) -> None:
+        """Take the device memory back; weights are pushed again before generating."""
 
     @abc.abstractmethod
     def health(self) -> dict[str, Any]:

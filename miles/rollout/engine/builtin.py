@@ -1,32 +1,31 @@
-"""The built-in rollout engine: batched, KV-cached sampling from a Hugging Face causal LM, in torch.
+"""The built-in rollout engine: continuously batched, KV-cached sampling from a Hugging Face causal LM.
 
-`BuiltinEngine` implements `RolloutEngine` (see `base.py`) without any server, so the embedded
-default (and every test) runs the real rollout control flow on a CPU. It is not a throughput engine
-like SGLang: no continuous batching, no paged KV cache, no prefix cache across calls, no CUDA graphs.
+`BuiltinEngine` implements `RolloutEngine` (see `base.py`) in-process, so the embedded default (and
+every test) runs the real rollout control flow on a CPU; `miles.rollout.engine.server` serves the same
+object over SGLang's HTTP API. It is not a throughput engine like SGLang: no paged KV cache, no prefix
+cache across requests, no CUDA graphs.
 
-How one `generate(requests)` call runs:
+How requests run:
 
-1. Requests are sorted by prompt length (then ids) and cut into batches of `max_batch_size`: less
-   padding, and the copies of a prompt land in the same batch.
-2. A batch is left-padded, with an attention mask and position ids counted from each prompt's
-   first real token (so a padded prompt sees the same positions as when it runs alone). When every
-   prompt in the batch has the same length the mask is omitted (faster, same result).
-3. Prefill runs the model once over the distinct prompts into a `DynamicCache` (the
-   `n_samples_per_prompt` copies of a prompt share one prefill; their cache rows are copied), then
-   each decode step feeds one new token per row and reuses the cache (our loop, not `model.generate`).
-4. Sampling per row: greedy when temperature == 0, else temperature, top-k (-1 = off), top-p, drawn
-   with the "exponential race" `argmax(p / E)`, E ~ Exp(1) i.i.d., which picks token i with
-   probability p_i. E is counter-based: `-log(u)` with u from the SplitMix64 hash of
-   (row key, step, token id), computed for the whole batch in a few integer tensor ops. A request's
-   key is its `seed`, so a seeded request gets the same tokens whatever else is in the batch (and on
-   any device: the hash is exact integer math); unseeded rows get keys drawn from the engine's
-   generator (seeded by `seed=`), so a whole run is reproducible given the same calls. (A
-   `torch.Generator` per seeded request would cost one kernel call per row per step.)
-5. A row finishes on a stop token (the model's eos ids plus `stop_token_ids`; kept in `output_ids`),
+1. `submit(request)` queues a request and returns a future; `generate(requests)` is submit + wait.
+   One scheduler thread owns the model and the running batch (at most `max_batch_size` rows).
+2. Continuous batching: at every decode step, waiting requests are admitted into free slots. Their
+   prompts are prefilled together (the `n_samples_per_prompt` copies of a prompt share one prefill)
+   into a fresh `DynamicCache`, which is left-padded and concatenated onto the running batch's cache.
+   Attention masks and position ids count each row's real tokens only, so a row sees the positions
+   it would see alone.
+3. Sampling per row: greedy when temperature == 0, else temperature, top-k (-1 = off), top-p, then
+   inverse-CDF sampling with one uniform per row, a SplitMix64 hash of (row key, the row's own step)
+   (`uniform_noise`). A request's key is its `seed`, so a seeded request gets the same tokens whatever
+   else is in the batch and whenever it joined; unseeded requests get keys from the engine's generator
+   (seeded by `seed=`) in submission order.
+4. A row finishes on a stop token (the model's eos ids plus `stop_token_ids`; kept in `output_ids`),
    a stop string (matched on the decoded tail of the response; kept in `text`), `max_new_tokens`
-   ("length"), or `pause_generation()` ("abort"). Finished rows are dropped from the batch (and
-   its KV cache) once a quarter of the rows have finished, so long tails do not pay for short ones.
-6. Log-probs: see `base.py` (`log_softmax(logits / T)` of the chosen token; T = 1 for greedy;
+   ("length"), `abort_request` or `pause_generation()` ("abort"). Its future resolves at once. Free
+   slots are refilled an eighth of the batch at a time (each admission costs a prefill forward and a
+   cache merge), or at once when everything waiting fits; finished rows leave the batch (and its KV
+   cache) then, or once a quarter of the batch has finished.
+5. Log-probs: see `base.py` (`log_softmax(logits / T)` of the chosen token; T = 1 for greedy;
    `return_original_logprob=True` gives T = 1 always).
 
 Usage:
@@ -34,20 +33,21 @@ Usage:
     from miles.rollout.engine.builtin import BuiltinEngine
     from miles.rollout.engine.base import GenerateRequest, SamplingParams
     engine = BuiltinEngine("runs/tiny/hf", max_batch_size=64, seed=0)
-    [resp] = engine.generate([GenerateRequest([7, 14, 9, 17], SamplingParams(max_new_tokens=4), True)])
-    resp.output_ids, resp.output_token_logprobs, resp.finish_reason
+    future = engine.submit(GenerateRequest([7, 14, 9, 17], SamplingParams(max_new_tokens=4), True))
+    resp = future.result(); resp.output_ids, resp.output_token_logprobs, resp.finish_reason
 
-Thread-safety: `generate` may be called from several threads (e.g. a Ray actor with concurrency);
-the calls run one after another. `pause_generation`, `begin_weight_update` and `health` may be
-called while a generation runs.
+Thread-safety: every public method may be called from any thread.
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -63,8 +63,9 @@ from miles.rollout.engine.base import (
     weights_checksum,
 )
 
-# Drop finished rows from the batch once this fraction of the current rows has finished: compacting
-# the KV cache costs a copy, so doing it after every single finished row is slower on short outputs.
+# Finished rows leave the batch when waiting requests are admitted into their slots, or once this
+# fraction of the batch has finished (compacting the KV cache costs a copy, so doing it after every
+# single finished row is slower on short outputs).
 _COMPACT_FRACTION = 0.25
 # Tokens decoded past the longest stop string when looking for it in the response's tail: a token
 # can decode to nothing on its own (a partial UTF-8 byte), so the tail must be a little longer.
@@ -72,22 +73,81 @@ _STOP_TAIL_SLACK = 4
 
 
 class _Row:
-    """Per-request decoding state (one row of the batch)."""
+    """Per-request decoding state (one row of the running batch)."""
 
-    __slots__ = ("req", "out", "out_len", "logprobs", "finish", "matched", "stop_ids")
+    __slots__ = ("req", "out", "logprobs", "finish", "matched", "stop_ids", "future", "key", "abort")
 
-    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int]):
+    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int], future: Future, key: int):
         self.req = req
         self.out: list[int] = []
-        self.out_len = 0
         self.logprobs: list[float] = []
         self.finish: FinishType | None = None
         self.matched: int | str | None = None
         self.stop_ids = eos_ids | frozenset(req.sampling_params.stop_token_ids or ())
+        self.future = future
+        self.key = key
+        self.abort = False
+
+
+class _Batch:
+    """The running batch: rows, their KV cache, attention mask, next positions and next-token logits."""
+
+    def __init__(self, rows, cache, mask, next_pos, logits, params, padded):
+        self.rows: list[_Row] = rows
+        self.cache = cache
+        self.mask = mask  # [B, L] long, 1 = a real token in the cache
+        self.next_pos = next_pos  # [B, 1] position of the next token
+        self.logits = logits  # [B, V] distribution of each row's next token
+        self.params: BatchParams = params
+        self.padded = padded  # any 0 in mask (then the model needs it)
+        self.live = [True] * len(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(idx)
+        self.mask, self.next_pos, self.logits = self.mask[idx], self.next_pos[idx], self.logits[idx]
+        self.params = self.params.select(idx)
+        self.rows = [self.rows[j] for j in keep]
+        self.live = [True] * len(keep)
+        # Columns no remaining row uses (left padding of rows that left) are dropped from the cache.
+        used = self.mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        self.padded = bool((self.mask == 0).any())
+
+    def merge(self, other: "_Batch") -> None:
+        """Append `other`'s rows; the shorter cache is left-padded (masked) to the longer one."""
+        la, lb = self.mask.shape[1], other.mask.shape[1]
+        width = max(la, lb)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
+            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
+        self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.params = self.params.cat(other.params)
+        self.rows += other.rows
+        self.live += other.live
+        self.padded = self.padded or other.padded or la != lb
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 class BuiltinEngine(RolloutEngine):
-    """Batched KV-cached decoding of a local Hugging Face causal LM. See the module docstring."""
+    """Continuously batched, KV-cached decoding of a local Hugging Face causal LM. See the module docstring."""
 
     def __init__(
         self,
@@ -141,99 +201,203 @@ class BuiltinEngine(RolloutEngine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
 
-        # CPU: it only draws the sampling keys of unseeded requests, a few integers per batch.
+        # CPU: it only draws the sampling keys of unseeded requests, one integer per request.
         self._generator = torch.Generator().manual_seed(seed)
         self.weight_version: int = 0
 
-        # Pause / weight-update state, guarded by one condition variable.
+        # Scheduler state, guarded by one condition variable. Requests submitted while paused or
+        # during a weight update are held and join the queue when generation continues.
         self._cond = threading.Condition()
+        self._waiting: collections.deque[_Row] = collections.deque()
+        self._held: list[_Row] = []
+        self._running = 0  # rows in the scheduler's batch (it owns the batch itself)
         self._paused = False
         self._updating = False
-        self._in_flight = 0
+        self._abort_rids: set[str] = set()
+        self._abort_all = False
         self._model_lock = threading.Lock()
-        self._stats = {"requests": 0, "generated_tokens": 0, "generate_seconds": 0.0}
+        self._admit_min = max(1, max_batch_size // 8)
+        self._thread: threading.Thread | None = None
+        self._stats = {"requests": 0, "generated_tokens": 0, "busy_seconds": 0.0}
 
     # ------------------------------------------------------------------ generation
 
+    def submit(self, request: GenerateRequest | dict[str, Any]) -> Future:
+        """Queue one request; the future resolves to its `GenerateResponse` as soon as it finishes."""
+        req = request if isinstance(request, GenerateRequest) else GenerateRequest.from_json(request)
+        reject_unsupported_sampling(req.sampling_params)
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        sp = req.sampling_params
+        with self._cond:
+            # Keys of unseeded requests come from the engine's generator in submission order, so a
+            # run is reproducible given the same calls.
+            key = _as_int64(sp.seed) if sp.seed is not None else int(
+                torch.randint(-(2**63), 2**63 - 1, (1,), generator=self._generator, dtype=torch.int64)
+            )
+            row = _Row(req, self.eos_token_ids, future, key)
+            if sp.max_new_tokens == 0:
+                row.finish = "length"
+                future.set_result(self._responses([row], self.weight_version)[0])
+                return future
+            (self._held if self._paused or self._updating else self._waiting).append(row)
+            self._ensure_thread()
+            self._cond.notify_all()
+        return future
+
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
+        """Answer every request (same order); blocks while paused (up to `wait_timeout_s`)."""
         if not requests:
             return []
-        requests = [r if isinstance(r, GenerateRequest) else GenerateRequest.from_json(r) for r in requests]
-        self._enter_generation()
-        start = time.perf_counter()
-        try:
-            # One generation at a time: on a CPU a second one only competes for the same cores, and
-            # the engine's generator must be consumed in call order for runs to be reproducible.
-            if not self._model_lock.acquire(timeout=self.wait_timeout_s):
-                raise TimeoutError(
-                    f"generate() waited {self.wait_timeout_s:.0f} s for another generate() call to finish"
-                )
-            # Sorting by (length, ids) keeps padding small and a prompt's copies in one batch (they
-            # share a prefill); results are put back in request order.
-            order = sorted(range(len(requests)), key=lambda i: (len(requests[i].input_ids), requests[i].input_ids))
-            results: list[GenerateResponse | None] = [None] * len(requests)
-            try:
-                for lo in range(0, len(order), self.max_batch_size):
-                    chunk = order[lo : lo + self.max_batch_size]
-                    for i, resp in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
-                        results[i] = resp
-            finally:
-                self._model_lock.release()
-        finally:
+        if self._paused or self._updating:
             with self._cond:
-                self._in_flight -= 1
-                self._cond.notify_all()
-        out = [r for r in results if r is not None]
-        self._stats["requests"] += len(out)
-        self._stats["generated_tokens"] += sum(r.completion_tokens for r in out)
-        self._stats["generate_seconds"] += time.perf_counter() - start
-        return out
-
-    def _enter_generation(self) -> None:
-        with self._cond:
-            ok = self._cond.wait_for(lambda: not self._paused and not self._updating, self.wait_timeout_s)
+                ok = self._cond.wait_for(lambda: not self._paused and not self._updating, self.wait_timeout_s)
             if not ok:
                 raise TimeoutError(
                     f"generate() waited {self.wait_timeout_s:.0f} s for the engine to leave "
                     f"{'pause_generation()' if self._paused else 'a weight update'}; "
                     "continue_generation() / end_weight_update() was never called"
                 )
-            self._in_flight += 1
+        with self._cond:  # queue them all before the scheduler looks, so they are admitted together
+            futures = [self.submit(r) for r in requests]
+        deadline = time.monotonic() + self.wait_timeout_s
+        out = []
+        for f in futures:
+            try:
+                out.append(f.result(timeout=max(0.0, deadline - time.monotonic())))
+            except FutureTimeout:
+                raise TimeoutError(f"generate() waited {self.wait_timeout_s:.0f} s for {len(requests)} responses") from None
+        return out
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Finish matching requests now with finish_reason "abort" (SGLang: rid prefix match)."""
+        with self._cond:
+            if abort_all:
+                self._abort_all = True
+            elif rid:
+                self._abort_rids.add(rid)
+            self._cond.notify_all()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="miles-engine-scheduler", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        batch: _Batch | None = None
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting or batch is not None or self._abort_all or self._abort_rids)
+                abort_all, rids = self._abort_all or self._paused, set(self._abort_rids)
+                self._abort_all = False
+                self._abort_rids.clear()
+                finished: list[_Row] = []
+                if abort_all or rids:
+                    kept = collections.deque()
+                    for row in self._waiting:
+                        if abort_all or _rid_matches(row, rids):
+                            row.finish = "abort"
+                            finished.append(row)
+                        else:
+                            kept.append(row)
+                    self._waiting = kept
+                live = sum(batch.live) if batch is not None else 0
+                free = self.max_batch_size - live
+                # Each admission costs a prefill forward and a KV-cache merge, so slots are refilled
+                # in groups (an eighth of the batch), or at once when everything waiting fits.
+                if batch is not None and free < self._admit_min and len(self._waiting) > free:
+                    free = 0
+                admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                self._running = (len(batch) if batch is not None else 0) + len(admit)
+            if batch is not None and (abort_all or rids):
+                for j, row in enumerate(batch.rows):
+                    if batch.live[j] and (abort_all or _rid_matches(row, rids)):
+                        row.finish = "abort"
+                        batch.live[j] = False
+                        finished.append(row)
+            self._resolve(finished)
+            if not admit and (batch is None or not any(batch.live)):
+                batch = None
+                with self._cond:
+                    self._running = 0
+                    self._cond.notify_all()
+                continue
+            start = time.perf_counter()
+            try:
+                with self._model_lock:
+                    batch = self._step(batch, admit)
+            except BaseException as e:  # a failing model must not leave callers waiting forever
+                rows = (batch.rows if batch is not None else []) + admit
+                for row in rows:
+                    if not row.future.done():
+                        row.future.set_exception(e)
+                batch = None
+                with self._cond:
+                    self._running = 0
+                    self._cond.notify_all()
+            self._stats["busy_seconds"] += time.perf_counter() - start
 
     @torch.inference_mode()
-    def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        dev = self.device
-        rows = [_Row(r, self.eos_token_ids) for r in requests]
-        version = self.weight_version
-        for row in rows:
-            if row.req.sampling_params.max_new_tokens == 0:
-                row.finish = "length"
-        active = [row for row in rows if row.finish is None]
-        if active:
-            self._decode(active)
-        return self._responses(rows, version)
+    def _step(self, batch: _Batch | None, admit: list[_Row]) -> _Batch | None:
+        """Admit waiting rows (prefill, merge), sample one token per live row, retire finished rows,
+        then run one decode forward over the batch."""
+        if admit:
+            if batch is not None:
+                dead = [j for j, alive in enumerate(batch.live) if not alive]
+                if dead:  # admitted rows take the finished rows' slots
+                    batch.select([j for j, alive in enumerate(batch.live) if alive])
+            new = self._prefill(admit)
+            if batch is None or not batch.rows:
+                batch = new
+            else:
+                batch.merge(new)
+        steps = torch.tensor([len(row.out) for row in batch.rows], dtype=torch.int64, device=batch.logits.device)
+        tokens, logprobs = sample_next(batch.logits, batch.params, steps, self.return_original_logprob)
+        tok_list, lp_list = tokens.tolist(), logprobs.float().tolist()
+        finished = []
+        for j, row in enumerate(batch.rows):
+            if not batch.live[j]:
+                continue
+            row.out.append(tok_list[j])
+            row.logprobs.append(lp_list[j])
+            if self._finished(row):
+                batch.live[j] = False
+                finished.append(row)
+        self._resolve(finished)
+        n_live = sum(batch.live)
+        if n_live == 0:
+            with self._cond:
+                self._running = 0
+                self._cond.notify_all()
+            return None
+        n_dead = len(batch) - n_live
+        if n_dead >= _COMPACT_FRACTION * len(batch):
+            batch.select([j for j, alive in enumerate(batch.live) if alive])
+        last = torch.tensor([row.out[-1] if row.out else self.pad_token_id for row in batch.rows], dtype=torch.long)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch), 1))], dim=1)
+        batch.logits = self.model(
+            input_ids=last[:, None].to(batch.mask.device),
+            attention_mask=batch.mask if batch.padded else None,
+            position_ids=batch.next_pos,
+            **{self._cache_kw: batch.cache},
+            use_cache=True,
+        ).logits[:, -1].float()
+        batch.next_pos = batch.next_pos + 1
+        return batch
 
-    def _decode(self, rows: list[_Row]) -> None:
-        """Prefill then decode `rows` until each finishes; fills row.out / row.logprobs / row.finish.
-
-        Bookkeeping is vectorised: every live row is at the same step, so step k's tokens go to
-        column k of one [rows, max_new] buffer, and only rows that may finish (a stop id of any row,
-        their length limit, or a stop string to look for) are examined in Python.
-        """
+    def _prefill(self, rows: list[_Row]) -> _Batch:
+        """Run the prompts of `rows` into a fresh KV cache; copies of one prompt share one prefill."""
         from transformers import DynamicCache
 
         dev = self.device
-        n = len(rows)
-        # A rollout sends each prompt n_samples_per_prompt times: prefill each distinct prompt once
-        # and copy its KV cache to the rows that share it.
         distinct: dict[tuple[int, ...], int] = {}
         share = [distinct.setdefault(tuple(row.req.input_ids), len(distinct)) for row in rows]
         prompts = [list(p) for p in distinct]
         lens = [len(p) for p in prompts]
         width = max(lens)
         padded = any(k != width for k in lens)
-        # One tensor from padded lists: a torch.tensor per row costs more than the model at batch 256.
         pad = self.pad_token_id
+        # One tensor from padded lists: a torch.tensor per row costs more than the model at batch 256.
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long).to(dev)
         mask = torch.tensor([[0] * (width - k) + [1] * k for k in lens], dtype=torch.long).to(dev)
         # Positions count real tokens only, so a left-padded prompt sees the positions it would alone.
@@ -246,85 +410,35 @@ class BuiltinEngine(RolloutEngine):
             **{self._cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
-        ).logits[:, -1]
-        if len(prompts) < n:
+        ).logits[:, -1].float()
+        if len(prompts) < len(rows):
             idx = torch.tensor(share, dtype=torch.long, device=dev)
             cache.batch_select_indices(idx)
             logits, mask, positions = logits[idx], mask[idx], positions[idx]
-        next_pos = positions[:, -1:] + 1
-        params = BatchParams.build(rows, dev, self._generator)
+        params = BatchParams.build(rows, dev)
+        return _Batch(list(rows), cache, mask, positions[:, -1:] + 1, logits, params, padded)
 
-        limits = [row.req.sampling_params.max_new_tokens for row in rows]
-        tok_buf = torch.zeros((n, max(limits)), dtype=torch.long)
-        lp_buf = torch.zeros((n, max(limits)), dtype=torch.float32)
-        stop_union = torch.tensor(sorted(set().union(*(row.stop_ids for row in rows))), dtype=torch.long)
-        # Batch position -> index into `rows`; changes only when finished rows are dropped.
-        orig = list(range(n))
-        orig_t = torch.arange(n)
-        limits_t = torch.tensor(limits)
-        live = torch.ones(n, dtype=torch.bool)
-        with_strings = [j for j, row in enumerate(rows) if row.req.sampling_params.stop]
-        n_live = n
-        step = 0
-        while True:
-            tokens, logprobs = sample_next(logits, params, step, self.return_original_logprob)
-            tokens_cpu = tokens.cpu()
-            tok_buf[orig_t, step] = tokens_cpu
-            lp_buf[orig_t, step] = logprobs.float().cpu()
-            maybe = (torch.isin(tokens_cpu, stop_union) | (limits_t[orig_t] <= step + 1)) & live
-            candidates = set(maybe.nonzero().flatten().tolist()) | {j for j in with_strings if live[j]}
-            for j in sorted(candidates):
-                row = rows[orig[j]]
-                if self._finished(row, tok_buf[orig[j]], step + 1):
-                    live[j] = False
-                    n_live -= 1
-            if n_live == 0:
-                break
-            if self._paused:
-                for j in live.nonzero().flatten().tolist():
-                    rows[orig[j]].finish, rows[orig[j]].out_len = "abort", step + 1
-                break
-            n_dead = len(orig) - n_live
-            if n_dead and n_dead >= _COMPACT_FRACTION * len(orig):
-                keep = live.nonzero().flatten()
-                idx = keep.to(dev)
-                cache.batch_select_indices(idx)
-                tokens, mask, next_pos = tokens[idx], mask[idx], next_pos[idx]
-                params = params.select(idx)
-                keep_l = keep.tolist()
-                orig = [orig[j] for j in keep_l]
-                orig_t = orig_t[keep]
-                live = torch.ones(len(orig), dtype=torch.bool)
-                with_strings = [j for j, o in enumerate(orig) if rows[o].req.sampling_params.stop]
-            if padded:
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask if padded else None,
-                position_ids=next_pos,
-                **{self._cache_kw: cache},
-                use_cache=True,
-            ).logits[:, -1]
-            next_pos = next_pos + 1
-            step += 1
+    def _resolve(self, rows: list[_Row]) -> None:
+        if not rows:
+            return
+        for row, resp in zip(rows, self._responses(rows, self.weight_version)):
+            self._stats["requests"] += 1
+            self._stats["generated_tokens"] += len(row.out)
+            if not row.future.done():
+                row.future.set_result(resp)
 
-        toks, lps = tok_buf.tolist(), lp_buf.tolist()
-        for i, row in enumerate(rows):
-            row.out, row.logprobs = toks[i][: row.out_len], lps[i][: row.out_len]
-
-    def _finished(self, row: _Row, tokens: torch.Tensor, length: int) -> bool:
-        """Decide whether `row` (with `tokens[:length]` generated) is done; record why."""
+    def _finished(self, row: _Row) -> bool:
+        """Decide whether `row` is done after its latest token; record why."""
         sp = row.req.sampling_params
-        tok = int(tokens[length - 1])
+        tok = row.out[-1]
         if tok in row.stop_ids:
             row.finish, row.matched = "stop", tok
-        elif sp.stop and (match := self._stop_string(sp, tokens[:length].tolist())) is not None:
+        elif sp.stop and (match := self._stop_string(sp, row.out)) is not None:
             row.finish, row.matched = "stop", match
-        elif length >= sp.max_new_tokens:
+        elif len(row.out) >= sp.max_new_tokens:
             row.finish = "length"
         else:
             return False
-        row.out_len = length
         return True
 
     def _stop_string(self, sp: SamplingParams, out: list[int]) -> str | None:
@@ -357,12 +471,12 @@ class BuiltinEngine(RolloutEngine):
                     texts[i] = text
         return [
             GenerateResponse(
-                output_ids=row.out,
+                output_ids=list(row.out),
                 text=text,
                 finish_type=row.finish or "abort",
                 prompt_tokens=len(row.req.input_ids),
                 weight_version=version,
-                output_token_logprobs=row.logprobs if row.req.return_logprob else None,
+                output_token_logprobs=list(row.logprobs) if row.req.return_logprob else None,
                 matched=row.matched,
                 rid=row.req.rid,
             )
@@ -371,26 +485,43 @@ class BuiltinEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ control
 
+    def _idle(self) -> bool:
+        return not self._waiting and self._running == 0
+
     def pause_generation(self) -> None:
+        """SGLang's mode "abort": running and queued requests return now with finish_reason "abort";
+        requests submitted from now on are held until `continue_generation()`."""
         with self._cond:
             self._paused = True
+            self._abort_all = True
+            self._cond.notify_all()
+            self._ensure_thread()
+            if threading.current_thread() is not self._thread:  # (a hook on the scheduler thread must not wait on itself)
+                self._cond.wait_for(self._idle, self.wait_timeout_s)
 
     def continue_generation(self) -> None:
         with self._cond:
             self._paused = False
-            self._cond.notify_all()
+            self._release_held()
+
+    def _release_held(self) -> None:
+        if not self._paused and not self._updating and self._held:
+            self._waiting.extend(self._held)
+            self._held.clear()
+            self._ensure_thread()
+        self._cond.notify_all()
 
     def begin_weight_update(self) -> None:
         with self._cond:
             if self._updating:
                 raise RuntimeError("begin_weight_update() called twice without end_weight_update()")
-            self._updating = True  # new generate() calls wait from here on
-            if not self._cond.wait_for(lambda: self._in_flight == 0, self.wait_timeout_s):
+            self._updating = True  # new requests are held from here on
+            if not self._cond.wait_for(self._idle, self.wait_timeout_s):
                 self._updating = False
-                self._cond.notify_all()
+                self._release_held()
                 raise TimeoutError(
-                    f"begin_weight_update() waited {self.wait_timeout_s:.0f} s for {self._in_flight} "
-                    "in-flight generate() call(s) to finish; call pause_generation() first to abort them"
+                    f"begin_weight_update() waited {self.wait_timeout_s:.0f} s for {self._running + len(self._waiting)} "
+                    "in-flight request(s) to finish; call pause_generation() first to abort them"
                 )
 
     def update_weights_from_tensors(
@@ -398,7 +529,7 @@ class BuiltinEngine(RolloutEngine):
     ) -> None:
         if not self._updating:
             raise RuntimeError("update_weights_from_tensors() must run between begin_weight_update() and end")
-        with torch.no_grad():
+        with self._model_lock, torch.no_grad():
             for name, tensor in named_tensors:
                 param = self._params.get(name)
                 if param is None:
@@ -412,21 +543,36 @@ class BuiltinEngine(RolloutEngine):
         if flush:
             self.flush_cache()
 
+    def parameter_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(n, p.dtype, tuple(p.shape)) for n, p in self.model.named_parameters()]
+
     def end_weight_update(self, version: int) -> None:
         with self._cond:
             if not self._updating:
                 raise RuntimeError("end_weight_update() called without begin_weight_update()")
             self.weight_version = int(version)
             self._updating = False
-            self._cond.notify_all()
+            self._release_held()
 
     def flush_cache(self) -> None:
-        """No-op: the KV cache lives only for one `generate` call, so nothing outlives a weight update."""
+        """No-op: KV lives only while its request runs, and updates wait for an idle engine."""
+
+    def release_memory_occupation(self) -> None:
+        """--offload-rollout: weights to host memory (no-op on CPU, where they already are)."""
+        if self.device.type != "cpu":
+            with self._model_lock:
+                self.model.to("cpu")
+                torch.cuda.empty_cache()
+
+    def resume_memory_occupation(self) -> None:
+        if self.device.type != "cpu":
+            with self._model_lock:
+                self.model.to(self.device)
 
     def health(self) -> dict[str, Any]:
         s = self._stats
         return {
-            "ok": True,
+            "ok": self._thread is None or self._thread.is_alive(),
             "engine": "builtin",
             "model": str(self.hf_dir),
             "device": str(self.device),
@@ -434,10 +580,11 @@ class BuiltinEngine(RolloutEngine):
             "weight_version": self.weight_version,
             "paused": self._paused,
             "updating": self._updating,
-            "in_flight": self._in_flight,
+            "running": self._running,
+            "waiting": len(self._waiting) + len(self._held),
             "requests": s["requests"],
             "generated_tokens": s["generated_tokens"],
-            "tokens_per_s": s["generated_tokens"] / s["generate_seconds"] if s["generate_seconds"] else 0.0,
+            "tokens_per_s": s["generated_tokens"] / s["busy_seconds"] if s["busy_seconds"] else 0.0,
         }
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -448,8 +595,40 @@ class BuiltinEngine(RolloutEngine):
         return weights_checksum(self.named_parameters())
 
 
+def _rid_matches(row: _Row, rids: set[str]) -> bool:
+    rid = row.req.rid
+    return rid is not None and any(rid.startswith(r) for r in rids)  # SGLang matches by prefix
+
+
+# SGLang sampling keys the built-in engine does not implement, with the value that means "off";
+# a request may carry them only at that value.
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+    "ignore_eos": False, "spaces_between_special_tokens": True, "no_stop_trim": False, "stream_interval": None,
+    "logit_bias": None, "custom_params": None, "stop_regex": None,
+}
+
+
+def reject_unsupported_sampling(sp: SamplingParams) -> None:
+    """Raise ValueError naming any SGLang sampling key this engine cannot honour at the value given."""
+    bad = []
+    for key, value in (sp.extra or {}).items():
+        if key not in _UNSUPPORTED_DEFAULTS:
+            bad.append(f"{key}={value!r} (not an SGLang sampling key)")
+        elif value is not None and value != _UNSUPPORTED_DEFAULTS[key]:
+            # no_stop_trim=True is what this engine does anyway: the matched stop stays in the text.
+            if key == "no_stop_trim" and value is True:
+                continue
+            bad.append(f"{key}={value!r}")
+    if bad:
+        raise ValueError(
+            f"the built-in engine cannot honour sampling_params {', '.join(bad)}; drop them or use --rollout-backend sglang"
+        )
+
+
 class BatchParams:
-    """Sampling parameters of the rows in a batch, as tensors and flags (re-selected when rows drop)."""
+    """Sampling parameters of the rows in a batch, as tensors and flags (re-selected when rows leave)."""
 
     def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor):
         self.greedy = temperature == 0
@@ -463,26 +642,39 @@ class BatchParams:
         self.any_top_p = bool((top_p < 1).any())
 
     @classmethod
-    def build(cls, rows: list[_Row], device: torch.device, generator: torch.Generator) -> "BatchParams":
+    def build(cls, rows: list[_Row], device: torch.device) -> "BatchParams":
         sps = [row.req.sampling_params for row in rows]
-        drawn = torch.randint(-(2**63), 2**63 - 1, (len(rows),), generator=generator, dtype=torch.int64).tolist()
-        keys = [drawn[j] if sp.seed is None else _as_int64(sp.seed) for j, sp in enumerate(sps)]
         return cls(
             torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=device),
             torch.tensor([sp.top_k for sp in sps], dtype=torch.long, device=device),
             torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=device),
-            torch.tensor(keys, dtype=torch.int64, device=device),
+            torch.tensor([row.key for row in rows], dtype=torch.int64, device=device),
         )
 
+    def _temperature(self) -> torch.Tensor:
+        return torch.where(self.greedy, torch.zeros_like(self.temps), self.temps)
+
     def select(self, idx: torch.Tensor) -> "BatchParams":
-        temperature = torch.where(self.greedy, torch.zeros_like(self.temps), self.temps)
-        return BatchParams(temperature[idx], self.top_k[idx], self.top_p[idx], self.keys[idx])
+        return BatchParams(self._temperature()[idx], self.top_k[idx], self.top_p[idx], self.keys[idx])
+
+    def cat(self, other: "BatchParams") -> "BatchParams":
+        return BatchParams(
+            torch.cat([self._temperature(), other._temperature()]),
+            torch.cat([self.top_k, other.top_k]),
+            torch.cat([self.top_p, other.top_p]),
+            torch.cat([self.keys, other.keys]),
+        )
 
 
 def sample_next(
-    logits: torch.Tensor, p: BatchParams, step: int, original_logprob: bool = False
+    logits: torch.Tensor, p: BatchParams, steps: torch.Tensor | int, original_logprob: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next token per row, its log-prob) for [rows, vocab] logits at decode `step`; see step 4 above."""
+    """(next token per row, its log-prob) for [rows, vocab] logits; row r is at decode step `steps[r]`.
+
+    Inverse-CDF sampling: one uniform u per row from (key, step) picks the first token whose
+    cumulative probability exceeds u x total, i.e. token i with probability p_i. The only random
+    numbers are one per row (no rows x vocab noise tensor).
+    """
     logits = logits.float()
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
@@ -494,7 +686,11 @@ def sample_next(
         probs = _apply_top_k(probs, p.top_k)
     if p.any_top_p:
         probs = _apply_top_p(probs, p.top_p)
-    tokens = (probs / exponential_noise(p.keys, step, probs.shape[-1])).argmax(dim=-1)
+    if not torch.is_tensor(steps):
+        steps = torch.full_like(p.keys, int(steps))
+    cdf = probs.double().cumsum(dim=-1)
+    target = uniform_noise(p.keys, steps) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
     if p.any_greedy:
         tokens = torch.where(p.greedy, logits.argmax(dim=-1), tokens)
     if original_logprob and not p.all_t1:
@@ -526,17 +722,14 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def exponential_noise(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """[rows, vocab] i.i.d. Exp(1) draws, a pure function of (key, step, token id).
+def uniform_noise(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One float64 uniform in [0, 1) per row, a pure function of (key, step).
 
-    Row r, step s is the SplitMix64 stream seeded by mix64(key_r + s * golden): its i-th output
-    becomes u = (top 23 bits + 0.5) / 2^23, exactly representable in float32 and strictly inside
-    (0, 1), so E = -log(u) is never 0 or inf.
+    The draw is SplitMix64's first output from the state mix64(key + step x golden), top 53 bits:
+    exact integer math, so the same (key, step) gives the same number on any device and in any batch.
     """
-    base = mix64(keys + _as_int64(step * _GOLDEN))
-    counters = torch.arange(1, vocab + 1, device=keys.device, dtype=torch.int64) * _GOLDEN
-    bits = _shr(mix64(base[:, None] + counters[None, :]), 41)
-    return -torch.log((bits.float() + 0.5) * 2.0**-23)
+    base = mix64(keys + steps * _GOLDEN)
+    return _shr(mix64(base + _GOLDEN), 11).double() * 2.0**-53
 
 
 def _apply_top_k(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

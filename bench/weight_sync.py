@@ -1,0 +1,167 @@
+"""Benchmark: weight sync seconds per GB, trainer -> engine, against a plain tensor copy.
+
+What is timed, for one model's weights (a random Qwen3 of about 80M parameters, 0.33 GB in float32,
+created in a temp dir; nothing downloaded), in buckets of --bucket-mb:
+
+- copy:       `param.copy_(tensor)` for every tensor in this process (memory bandwidth; the floor);
+- tensor:     `BuiltinEngine.update_weights_from_tensors` in this process (the in-process engine's
+              path: session, name lookup, shape checks, copy);
+- broadcast:  `BroadcastSender` -> N engine servers in their own processes (`python -m
+              miles.rollout.engine.server`): a gloo group, names first over HTTP, then one broadcast
+              per tensor; the number `perf/weight_sync_time` reports for --rollout-num-gpus runs;
+- disk:       `DiskSender`: one safetensors shard per bucket, then every engine loads the directory.
+
+Every engine's weights are checked bit-identical to the sent ones after each path. Reported: the
+median of --repeats runs, seconds per GB, and the ratio to the plain copy.
+
+    python bench/weight_sync.py                 # 2 engine servers, 64 MB buckets (a few minutes on 2 cores)
+    python bench/weight_sync.py --engines 1 --bucket-mb 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from miles.rollout.engine.base import iter_weight_buckets, tensor_nbytes, weights_checksum
+from miles.rollout.engine.builtin import BuiltinEngine
+from miles.rollout.engine.http_client import HttpEngine
+from miles.rollout.engine.weight_transport import BroadcastSender, DiskSender
+
+
+def make_model(root: Path) -> Path:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+        num_key_value_heads=4, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    out = root / "model"
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    tok = Tokenizer(models.WordLevel({f"<t{i}>": i for i in range(32000)}, unk_token="<t0>"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<t0>").save_pretrained(out)
+    return out
+
+
+def start_servers(hf_dir: Path, n: int) -> tuple[list[subprocess.Popen], list[str]]:
+    procs, urls = [], []
+    for _ in range(n):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "miles.rollout.engine.server", "--hf-checkpoint", str(hf_dir), "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        procs.append(p)
+    for p in procs:
+        line = p.stdout.readline().strip()  # the server prints its URL once bound
+        if not line.startswith("http://"):
+            raise RuntimeError(f"engine server did not start (got {line!r})")
+        urls.append(line)
+    return procs, urls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    console = Console(width=120)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = make_model(Path(tmp))
+        from transformers import AutoModelForCausalLM
+
+        src = AutoModelForCausalLM.from_pretrained(hf_dir)
+        g = torch.Generator().manual_seed(1)
+        named = [(n, p.detach() + 0.01 * torch.randn(p.shape, generator=g)) for n, p in src.named_parameters()]
+        want = weights_checksum(named)
+        gb = sum(tensor_nbytes(t) for _, t in named) / 1e9
+        bucket_bytes = args.bucket_mb * 1024**2
+        buckets = list(iter_weight_buckets(named, bucket_bytes))
+        console.print(f"{len(named)} tensors, {gb:.3f} GB, {len(buckets)} buckets of <= {args.bucket_mb} MB, {args.engines} engine server(s)")
+
+        local = BuiltinEngine(hf_dir)
+        params = dict(local.model.named_parameters())
+
+        def copy() -> None:
+            with torch.no_grad():
+                for n, t in named:
+                    params[n].copy_(t)
+
+        def tensor_path() -> None:
+            local.begin_weight_update()
+            for b in buckets:
+                local.update_weights_from_tensors(b)
+            local.end_weight_update(1)
+
+        with console.status("starting engine servers"):
+            procs, urls = start_servers(hf_dir, args.engines)
+        clients = [HttpEngine(u) for u in urls]
+        sender = BroadcastSender(urls)
+        sender.connect()
+
+        def remote(send) -> None:
+            for c in clients:
+                c.pause_generation()
+                c.begin_weight_update()
+            send()
+            for c in clients:
+                c.end_weight_update(1)
+                c.continue_generation()
+
+        def broadcast() -> None:
+            remote(lambda: [sender.send_bucket(b) for b in buckets])
+
+        def disk() -> None:
+            def send() -> None:
+                d = DiskSender(urls, Path(tmp) / "sync", hf_dir)
+                for b in buckets:
+                    d.send_bucket(b)
+                d.finish(1)
+                d.close()
+
+            remote(send)
+
+        rows = []
+        try:
+            for name, fn, check in [
+                ("copy", copy, lambda: [local.get_weights_checksum()]),
+                ("tensor (in-process engine)", tensor_path, lambda: [local.get_weights_checksum()]),
+                (f"broadcast (gloo, {args.engines} servers)", broadcast, lambda: [c.get_weights_checksum() for c in clients]),
+                (f"disk ({args.engines} servers)", disk, lambda: [c.get_weights_checksum() for c in clients]),
+            ]:
+                times = []
+                with console.status(name):
+                    for _ in range(args.repeats):
+                        t0 = time.perf_counter()
+                        fn()
+                        times.append(time.perf_counter() - t0)
+                assert all(s == want for s in check()), f"{name}: weights differ after the sync"
+                rows.append((name, statistics.median(times)))
+        finally:
+            sender.close()
+            for p in procs:
+                p.terminate()
+                p.wait(timeout=30)
+        base = rows[0][1] / gb
+        table = Table(title=f"weight sync, {gb:.3f} GB, buckets of {args.bucket_mb} MB (median of {args.repeats})")
+        for col in ("path", "seconds", "s / GB", "vs copy"):
+            table.add_column(col, no_wrap=True)
+        for name, s in rows:
+            table.add_row(name, f"{s:.3f}", f"{s / gb:.3f}", f"{s / gb / base:.1f}x")
+        console.print(table)
+
+
+if __name__ == "__main__":
+    main()

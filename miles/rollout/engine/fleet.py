@@ -1,0 +1,364 @@
+"""`EngineFleet`: N built-in engine servers (one Ray actor each) behind the real sglang-router.
+
+The fleet is itself a `RolloutEngine`, so the rollout manager drives one engine or many the same way:
+`submit` sends `/generate` to the router; pause, abort, flush, memory and the weight-update session
+fan out to every engine directly (the router forwards only `/generate`).
+
+Health and fault tolerance. A monitor thread calls every serving engine's `/health_generate` every
+`--rollout-health-check-interval` seconds (after `--rollout-health-check-first-wait`), with
+`--rollout-health-check-timeout`; it stands down during weight updates, when engines are paused on
+purpose. An engine that fails the probe (or whose process is gone):
+
+- with `--use-fault-tolerance`: is removed from the router, killed, and restarted (a new actor in
+  the same placement bundle, a new port). The new engine does not serve until it has the current
+  weights: it joins the next weight update and only then is added to the router. Requests that were
+  in flight on the dead engine fail at the router and are re-queued (sent again) by `submit`.
+  `restarts` counts restarts (`rollout/engine_restarts`).
+- without it: the run stops with one sentence naming the engine (`RunStopped`), never a hang.
+
+    fleet = EngineFleet(hf_dir, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
+    fleet.submit(GenerateRequest([1, 2, 3])).result()
+    fleet.weight_targets()   # engine URLs the trainer's source rank pushes weights to
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from miles.errors import RunStopped
+from miles.rollout.engine.base import GenerateRequest, GenerateResponse, RolloutEngine
+from miles.rollout.engine.http_client import EngineHTTPError, HttpEngine
+
+ENGINE_START_TIMEOUT_S = 600.0
+# A request that failed because its engine died is sent again after this pause, until this deadline.
+REQUEUE_DELAY_S = 0.5
+REQUEUE_DEADLINE_S = 600.0
+
+
+class EngineServerActor:
+    """Hosted by a Ray actor: one `BuiltinEngine` served over HTTP on 127.0.0.1 (a free port)."""
+
+    def __init__(self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, threads: int = 1):
+        import torch
+
+        from miles.rollout.engine.builtin import BuiltinEngine
+        from miles.rollout.engine.server import EngineServer
+
+        torch.set_num_threads(threads)
+        self.server = EngineServer(BuiltinEngine(hf_dir, device=device, max_batch_size=max_batch_size, seed=seed))
+        self.server.start()
+
+    def url(self) -> str:
+        return self.server.url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@dataclasses.dataclass
+class _Slot:
+    index: int
+    actor: Any = None
+    url: str | None = None
+    pid: int | None = None
+    client: HttpEngine | None = None
+    state: str = "starting"  # starting -> new (alive, no current weights) -> serving -> dead
+
+    def name(self) -> str:
+        return f"rollout engine {self.index} ({self.url}, pid {self.pid})"
+
+
+class EngineFleet(RolloutEngine):
+    def __init__(
+        self,
+        hf_dir: str,
+        *,
+        num_engines: int,
+        policy: str,
+        ft,
+        max_batch_size: int = 256,
+        seed: int = 0,
+        device: str = "cpu",
+        actor_options: list[dict[str, Any]] | None = None,
+        log_dir: str | Path | None = None,
+    ):
+        from miles.rollout.engine.router import Router
+
+        self.hf_dir, self.num_engines = hf_dir, num_engines
+        self.ft = ft
+        self.fault_tolerant = bool(ft.use_fault_tolerance)
+        self._engine_args = dict(max_batch_size=max_batch_size, device=device)
+        self._seed = seed
+        self._actor_options = actor_options or [{} for _ in range(num_engines)]
+        self.slots = [_Slot(i) for i in range(num_engines)]
+        self.restarts = 0
+        self.requeued = 0
+        self.fatal: str | None = None
+        self._lock = threading.RLock()
+        self._updating = False
+        self._restarting: dict[int, threading.Thread] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * num_engines))
+        self._pending: set[Future] = set()
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+
+        for slot, ref in zip(self.slots, [self._spawn(slot) for slot in self.slots]):
+            self._await_spawn(slot, ref)
+            slot.state = "serving"
+        self.router = Router.launch(
+            [s.url for s in self.slots], policy=policy, log_dir=log_dir, health_check_interval_s=ft.rollout_health_check_interval
+        )
+        self._router_client = HttpEngine(self.router.url)
+        self._write_state()
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="miles-engine-health", daemon=True)
+        self._monitor.start()
+
+    # ------------------------------------------------------------------ engines
+    def _spawn(self, slot: _Slot):
+        import ray
+
+        cls = ray.remote(**{"num_cpus": 1, **self._actor_options[slot.index], "max_restarts": 0})(EngineServerActor)
+        # Each engine (and each restart) gets its own seed, as upstream gives SGLang seed + rank.
+        seed = self._seed + 1000 * self.restarts + slot.index
+        slot.actor = cls.remote(self.hf_dir, seed=seed, **self._engine_args)
+        slot.state = "starting"
+        return slot.actor.url.remote()
+
+    def _await_spawn(self, slot: _Slot, ref) -> None:
+        import ray
+
+        try:
+            slot.url = ray.get(ref, timeout=ENGINE_START_TIMEOUT_S)
+            slot.pid = ray.get(slot.actor.pid.remote(), timeout=60)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"timed out after {ENGINE_START_TIMEOUT_S:.0f} s waiting for rollout engine {slot.index} to start") from None
+        slot.client = HttpEngine(slot.url)
+
+    def _write_state(self) -> None:
+        """`<run dir>/engines.json`: where each engine is (URL, pid), its state, the router, restarts."""
+        if self.log_dir is None:
+            return
+        import json
+
+        path = self.log_dir / "engines.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.health(), indent=1))
+        tmp.replace(path)
+
+    def _serving(self) -> list[_Slot]:
+        return [s for s in self.slots if s.state == "serving"]
+
+    def _engine_failed(self, slot: _Slot, why: str) -> None:
+        import ray
+
+        with self._lock:
+            if slot.state != "serving":
+                return
+            slot.state = "dead"
+            self._write_state()
+            message = f"{slot.name()} stopped answering: {why}"
+            if not self.fault_tolerant:
+                self.fatal = (
+                    f"{message}; the run stops (add --use-fault-tolerance to restart dead engines, "
+                    "and rerun with --load to resume from the last checkpoint)."
+                )
+                for f in list(self._pending):
+                    if not f.done():
+                        f.set_exception(RunStopped(self.fatal))
+                return
+            self.restarts += 1
+        print(f"[miles] {message}; restarting it (restart {self.restarts})", flush=True)
+        try:
+            self.router.remove_worker(slot.url)
+        except Exception:  # noqa: BLE001 - a router that cannot reach the worker has dropped it already
+            pass
+        try:
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+        def restart() -> None:
+            ref = self._spawn(slot)
+            try:
+                self._await_spawn(slot, ref)
+                slot.state = "new"  # alive; serves once the next weight update gave it the current weights
+                self._write_state()
+            except Exception as e:  # noqa: BLE001
+                with self._lock:
+                    self.fatal = f"{slot.name()} could not be restarted: {e}"
+
+        t = threading.Thread(target=restart, name=f"miles-engine-restart-{slot.index}", daemon=True)
+        self._restarting[slot.index] = t
+        t.start()
+
+    def _monitor_loop(self) -> None:
+        ft = self.ft
+        if self._stop.wait(ft.rollout_health_check_first_wait):
+            return
+        while not self._stop.wait(ft.rollout_health_check_interval):
+            if self._updating:
+                continue  # engines are paused on purpose; /health_generate cannot answer then
+            for slot in self._serving():
+                if self._updating or self._stop.is_set():
+                    break
+                try:
+                    slot.client.health_generate(timeout=ft.rollout_health_check_timeout)
+                except Exception as e:  # noqa: BLE001
+                    if self._updating:
+                        break
+                    self._engine_failed(slot, str(e))
+
+    # ------------------------------------------------------------------ generation
+    def submit(self, request: GenerateRequest) -> "Future[GenerateResponse]":
+        outer: Future = Future()
+        outer.set_running_or_notify_cancel()
+        self._pending.add(outer)
+        outer.add_done_callback(self._pending.discard)
+        deadline = time.monotonic() + REQUEUE_DEADLINE_S
+
+        def attempt() -> None:
+            if self.fatal:
+                outer.set_exception(RunStopped(self.fatal))
+                return
+            self._router_client.submit(request).add_done_callback(done)
+
+        def done(f: Future) -> None:
+            if outer.done():
+                return
+            exc = f.exception()
+            if exc is None:
+                outer.set_result(f.result())
+            elif self.fatal:
+                outer.set_exception(RunStopped(self.fatal))
+            elif isinstance(exc, EngineHTTPError) and (exc.status is None or exc.status >= 500) and time.monotonic() < deadline:
+                # The engine died under it (or the router had no engine for a moment): send it again.
+                # Without fault tolerance the monitor turns a dead engine into a stop within one interval.
+                self.requeued += 1
+                threading.Timer(REQUEUE_DELAY_S, attempt).start()
+            else:
+                outer.set_exception(exc)
+
+        attempt()
+        return outer
+
+    def _each(self, fn_name: str, *args, slots: list[_Slot] | None = None) -> None:
+        slots = self._serving() if slots is None else slots
+        futures = {self._pool.submit(getattr(s.client, fn_name), *args): s for s in slots}
+        for f in concurrent.futures.as_completed(futures):
+            slot = futures[f]
+            try:
+                f.result()
+            except EngineHTTPError as e:
+                self._engine_failed(slot, str(e))
+        if self.fatal:
+            raise RunStopped(self.fatal)
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self._each("abort_request", rid, abort_all)
+
+    def pause_generation(self) -> None:
+        self._each("pause_generation")
+
+    def continue_generation(self) -> None:
+        self._each("continue_generation")
+
+    def flush_cache(self) -> None:
+        self._each("flush_cache")
+
+    def release_memory_occupation(self) -> None:
+        self._each("release_memory_occupation")
+
+    def resume_memory_occupation(self) -> None:
+        self._each("resume_memory_occupation")
+
+    # ------------------------------------------------------------------ weights
+    def weight_targets(self) -> list[str]:
+        """URLs of the engines the next update goes to: serving ones and restarted ones (state "new")."""
+        return [s.url for s in self.slots if s.state in ("serving", "new")]
+
+    def begin_weight_update(self) -> None:
+        """Upstream's order: (restarted engines ready) → pause → flush → begin, on every engine."""
+        for index, t in list(self._restarting.items()):
+            t.join(ENGINE_START_TIMEOUT_S)
+            self._restarting.pop(index, None)
+        if self.fatal:
+            raise RunStopped(self.fatal)
+        self._updating = True
+        targets = [s for s in self.slots if s.state in ("serving", "new")]
+        self._each("pause_generation", slots=targets)
+        self._each("flush_cache", slots=targets)
+        self._each("begin_weight_update", slots=targets)
+
+    def update_weights_from_tensors(self, named_tensors, *, flush: bool = True) -> None:
+        raise NotImplementedError("engine servers take weights from the trainer's source rank (weight_transport)")
+
+    def end_weight_update(self, version: int) -> None:
+        """Version + end + continue on every engine; restarted engines now have current weights and join the router."""
+        targets = [s for s in self.slots if s.state in ("serving", "new")]
+        self._each("end_weight_update", version, slots=targets)
+        self._each("continue_generation", slots=targets)
+        for slot in targets:
+            if slot.state == "new":
+                self.router.add_worker(slot.url)
+                slot.state = "serving"
+                self._write_state()
+        self._updating = False
+
+    def recover(self) -> None:
+        """After a failed weight update: find dead engines (stop, or restart them with fault tolerance)
+        and close the update session the survivors are still in, so the update can be run again."""
+        for slot in [s for s in self.slots if s.state in ("serving", "new")]:
+            try:
+                slot.client.call("/health", method="GET", timeout=self.ft.rollout_health_check_timeout)
+            except EngineHTTPError as e:
+                if slot.state == "new":
+                    slot.state = "serving"  # so that _engine_failed handles it like any other
+                self._engine_failed(slot, str(e))
+        if self.fatal:
+            raise RunStopped(self.fatal)
+        for index, t in list(self._restarting.items()):
+            t.join(ENGINE_START_TIMEOUT_S)
+            self._restarting.pop(index, None)
+        for slot in [s for s in self.slots if s.state in ("serving", "new")]:
+            try:
+                slot.client.call("/end_weight_update", {})
+            except EngineHTTPError:
+                pass  # no session open
+        self._updating = False
+        if self.fatal:
+            raise RunStopped(self.fatal)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": self.fatal is None and bool(self._serving()),
+            "engines": [{"index": s.index, "url": s.url, "pid": s.pid, "state": s.state} for s in self.slots],
+            "restarts": self.restarts,
+            "requeued": self.requeued,
+            "router": getattr(getattr(self, "router", None), "url", None),
+            "weight_version": None,
+            "paused": None,
+        }
+
+    def get_weights_checksum(self) -> str:
+        sums = {s.client.get_weights_checksum() for s in self._serving()}
+        if len(sums) != 1:
+            return f"engines disagree: {sorted(sums)}"
+        return sums.pop()
+
+    def shutdown(self) -> None:
+        import ray
+
+        self._stop.set()
+        self.router.stop()
+        for s in self.slots:
+            try:
+                ray.kill(s.actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass

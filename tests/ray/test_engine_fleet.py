@@ -1,0 +1,163 @@
+"""Engine servers behind the real sglang-router in the driver loop: weights never pass through the
+driver, a dead engine stops a run without fault tolerance, dynamic sampling aborts and re-queues.
+
+The loop runs in-process on the session's Ray (tests/ray/conftest.py), on the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import threading
+import time
+
+import pytest
+
+from miles.config.resolve import build_config, resolve
+from miles.prepare.tiny_model import create_tiny_qwen3
+from miles.ray.driver import run_training
+
+pytest.importorskip("sglang_router")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fleet")
+    model = create_tiny_qwen3(root / "model", seed=0)
+    rows = [{"input": f"{a}+{b}=", "label": str(a + b)} for a in range(5) for b in range(5)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root, model
+
+
+def config(files, **values):
+    root, model = files
+    base = {
+        "hf_checkpoint": str(model), "prompt_data": str(root / "train.jsonl"), "label_key": "label", "rm_type": "exact_match",
+        "rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 2, "actor_num_gpus_per_node": 1,
+        "rollout_max_response_len": 2, "rollout_skip_special_tokens": True, "device": "cpu", "lr": 1e-3,
+        "micro_batch_size": 4, "check_weight_update_equal": True,
+    }
+    return resolve(build_config({**base, **values}, environ={}))
+
+
+def rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class DriverTraffic:
+    """Counts the pickled bytes the driver sends to actors and gets back from them during weight syncs."""
+
+    def __init__(self, monkeypatch):
+        import miles.ray.driver as driver
+        from miles.ray import hosting
+
+        self.bytes = 0
+        self.syncs = 0
+        self._on = False
+        remote, wait, update = hosting._Method.remote, driver.wait, driver._update_weights
+
+        def counted_remote(method, *args, **kwargs):
+            if self._on:
+                self.bytes += len(pickle.dumps((args, kwargs)))
+            return remote(method, *args, **kwargs)
+
+        def counted_wait(refs, what, *a, **k):
+            out = wait(refs, what, *a, **k)
+            if self._on:
+                self.bytes += len(pickle.dumps(out))
+            return out
+
+        def counted_update(*a, **k):
+            self._on, self.syncs = True, self.syncs + 1
+            try:
+                return update(*a, **k)
+            finally:
+                self._on = False
+
+        monkeypatch.setattr(hosting._Method, "remote", counted_remote)
+        monkeypatch.setattr(driver, "wait", counted_wait)
+        monkeypatch.setattr(driver, "_update_weights", counted_update)
+
+
+@pytest.mark.parametrize("engines", [None, 2])
+def test_weight_bytes_never_pass_through_the_driver(files, tmp_path, ray_session, monkeypatch, engines):
+    """In-process engine (tensor path) and 2 servers behind the router (broadcast over gloo): every sync is
+    checked bit-exact on the engines (--check-weight-update-equal), yet the driver moves only a few KB."""
+    from miles.rollout.engine.base import tensor_nbytes
+
+    from transformers import AutoModelForCausalLM
+
+    model_bytes = sum(tensor_nbytes(p) for p in AutoModelForCausalLM.from_pretrained(files[1]).parameters())
+    traffic = DriverTraffic(monkeypatch)
+    run_dir = tmp_path / "run"
+    extra = {} if engines is None else {"rollout_num_gpus": engines}
+    result = run_training(config(files, **extra), run_dir=run_dir, run_id="w")
+    assert result.final_step == 2 and traffic.syncs == 3  # the first sync, then one per rollout
+    assert model_bytes > 400_000
+    assert traffic.bytes < 0.02 * model_bytes, f"the driver carried {traffic.bytes} bytes over 3 syncs of {model_bytes}"
+    logged = rows(run_dir)
+    if engines:
+        state = json.loads((run_dir / "engines.json").read_text())
+        assert [e["state"] for e in state["engines"]] == ["serving", "serving"]
+        assert all(e["url"].startswith("http://127.0.0.1:") for e in state["engines"]) and state["router"].startswith("http://127.0.0.1:")
+        assert [r["rollout/engine_restarts"] for r in logged if "rollout/engine_restarts" in r] == [0.0, 0.0]
+
+
+def _kill_an_engine_after_step(run_dir, step: int, killed: list[int]) -> threading.Thread:
+    """SIGKILL engine 0's process once `step` is in the metrics (reads <run dir>/engines.json)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                if any(r.get("step") == step for r in rows(run_dir)):
+                    pid = json.loads((run_dir / "engines.json").read_text())["engines"][0]["pid"]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            except (FileNotFoundError, json.JSONDecodeError):
+                pass
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_dead_engine_without_fault_tolerance_stops_the_run_with_one_sentence(files, tmp_path, ray_session):
+    from miles.errors import RunStopped
+
+    run_dir = tmp_path / "dies"
+    killed: list[int] = []
+    watcher = _kill_an_engine_after_step(run_dir, 1, killed)
+    cfg = config(files, rollout_num_gpus=2, num_rollout=30, rollout_health_check_interval=0.5, rollout_health_check_timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(RunStopped) as err:
+        run_training(cfg, run_dir=run_dir, run_id="dies")
+    watcher.join(1)
+    message = str(err.value)
+    assert killed and f"pid {killed[0]}" in message and message.startswith("rollout engine 0 (http://127.0.0.1:")
+    assert "--use-fault-tolerance" in message and "\n" not in message
+    assert err.value.exit_code == 1
+    assert time.monotonic() - t0 < 300  # stopped, not hung
+    assert max(r["step"] for r in rows(run_dir)) < 30
+
+
+def test_a_killed_engine_with_fault_tolerance_is_restarted_with_current_weights(files, tmp_path, ray_session):
+    run_dir = tmp_path / "ft"
+    killed: list[int] = []
+    watcher = _kill_an_engine_after_step(run_dir, 1, killed)
+    cfg = config(
+        files, rollout_num_gpus=2, num_rollout=5, use_fault_tolerance=True,
+        rollout_health_check_interval=0.5, rollout_health_check_timeout=5,
+    )
+    result = run_training(cfg, run_dir=run_dir, run_id="ft")  # --check-weight-update-equal is on: every
+    watcher.join(1)  # sync after the restart is verified on both engines, the new one included
+    assert killed and result.final_step == 5
+    restarts = [r["rollout/engine_restarts"] for r in rows(run_dir) if "rollout/engine_restarts" in r]
+    assert restarts[0] == 0.0 and restarts[-1] == 1.0
+    state = json.loads((run_dir / "engines.json").read_text())
+    assert [e["state"] for e in state["engines"]] == ["serving", "serving"] and state["restarts"] == 1
+    assert state["engines"][0]["pid"] != killed[0]
