@@ -57,6 +57,7 @@ def train_reference_rollouts(hf_dir: str, *, rank: int = 0, world_size: int = 1,
     """ROLLOUTS rollouts of 8 samples, one optimizer step each (micro-batch 2), policy + KL + entropy
     loss with whitened advantages. With `checkpoint_dir`, the trainer is saved after half of them and
     a fresh one loads the checkpoint and trains the rest. Returns (weights, per-step losses)."""
+    import torch
     from backend_fixtures import make_train_data
 
     trainer = make_backend(hf_dir, rank, world_size)
@@ -69,4 +70,5 @@ def train_reference_rollouts(hf_dir: str, *, rank: int = 0, world_size: int = 1,
         data = make_train_data(8, seed=200 + rollout_id)
         data["rewards"] = [r * (1 + i % 3) for i, r in enumerate(data["rewards"])]  # uneven, so whitening matters
         losses.append(trainer.train_step(data, rollout_id=rollout_id)["train/loss"])
+        torch.rand(rank + rollout_id + 1)  # each rank's generator moves differently, as sampling code would
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, losses

@@ -169,7 +169,11 @@ RESUME = dict(
 
 
 def _run(trainer: TorchBackend, rollouts: range) -> list[float]:
-    return [trainer.train_step(make_train_data(8, seed=100 + r), rollout_id=r)["train/loss"] for r in rollouts]
+    losses = []
+    for r in rollouts:
+        losses.append(trainer.train_step(make_train_data(8, seed=100 + r), rollout_id=r)["train/loss"])
+        torch.rand(r + 1)  # stands in for code that draws random numbers (dropout, sampling) during training
+    return losses
 
 
 def test_two_deterministic_runs_are_bit_equal(tiny_hf_dir):
