@@ -80,10 +80,10 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
     import ray
 
-    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint, save_checkpoint
+    from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
     from miles.ray.hosting import remote_object
     from miles.ray.rollout_manager import RolloutManager, pick_device
-    from miles.ray.train_group import TrainWorker, free_port
+    from miles.ray.train_group import TrainWorker
     from miles.tracking import Tracker
     from miles.tracking.console import print_step_summary, progress
 
@@ -116,19 +116,22 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
             d.num_rollout = max(1, num_prompts * d.num_epoch // cfg.rollout.over_sampling_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
-        port = free_port()
         workers = [
-            remote_object(TrainWorker, cfg, rank=r, world_size=world, master_port=port, device=device, actor_options={**options, **bundle_of(r)})
+            remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
             for r in range(world)
         ]
-        wait([w.ready_ref for w in workers], "the training workers to load the model", ACTOR_START_TIMEOUT_S)
+        wait([w.ready_ref for w in workers], "the training workers to start", ACTOR_START_TIMEOUT_S)
+        # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
+        master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
+        wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
 
         start, resumed_from = 0, None
         if cfg.ckpt.load:
-            found = load_latest_checkpoint(cfg.ckpt.load)
+            found = find_latest_checkpoint(cfg.ckpt.load)
             if found is not None:
-                rollout_id, state, extra = found
-                wait([w.load_state_dict.remote(state) for w in workers], "the training workers to load the checkpoint")
+                rollout_id, ckpt_dir, extra = found
+                # Every rank reads its own shard; the trainer state never passes through the driver.
+                wait([w.load_checkpoint.remote(str(ckpt_dir)) for w in workers], f"the training workers to load {ckpt_dir}")
                 wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
                 start, resumed_from = rollout_id + 1, rollout_id
 
@@ -171,7 +174,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                     # Logged before the checkpoint: a run killed after its save has no unlogged training step.
                     tracker.log(metrics, step=step)
                     if cfg.ckpt.save and (step == d.num_rollout or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
-                        _save(cfg, workers, manager, rollout_id, save_checkpoint)
+                        _save(cfg, workers, manager, rollout_id)
                     after: dict[str, float] = {}
                     if not cfg.debug.debug_rollout_only:
                         if c.offload_rollout:
@@ -256,17 +259,23 @@ def _logged_eval(run_dir: Path, step: int) -> bool:
 
 def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> float:
     t0 = time.perf_counter()
-    count = wait(workers[0].plan_weight_buckets.remote(cfg.rollout.update_weight_buffer_size), "the trainer to plan weight buckets")
+    # Every rank walks the backend's `iter_weight_buckets` in step (TP/PP/EP gathers are collectives);
+    # rank 0 is the weight source whose buckets go to the engine.
+    more = wait([w.begin_weight_buckets.remote(cfg.rollout.update_weight_buffer_size) for w in workers], "the trainer to gather the first weight bucket")[0]
     wait(manager.begin_weight_update.remote(), "the rollout engine to pause for a weight update")
-    for i in range(count):
+    i = 0
+    while more:
+        i += 1
+        refs = [w.next_weight_bucket.remote() for w in workers]
         # The bucket travels worker → engine as an object reference: the driver never holds it, and
         # at most one bucket (--update-weight-buffer-size bytes) is in flight.
-        wait(manager.load_weight_bucket.remote(workers[0].weight_bucket.remote(i)), f"weight bucket {i + 1}/{count}")
+        wait(manager.load_weight_bucket.remote(refs[0]), f"weight bucket {i}")
+        wait(refs[1:], f"the other training ranks to pass weight bucket {i}")
+        more = wait(workers[0].weight_buckets_left.remote(), "the trainer to gather the next weight bucket")
     wait(manager.end_weight_update.remote(version), "the rollout engine to finish the weight update")
     if cfg.debug.check_weight_update_equal:
-        trainer_sum, engine_sum = wait(
-            [workers[0].weights_checksum.remote(), manager.weights_checksum.remote()], "weight checksums"
-        )
+        sums = wait([w.weights_checksum.remote() for w in workers] + [manager.weights_checksum.remote()], "weight checksums")
+        trainer_sum, engine_sum = sums[0], sums[-1]
         if trainer_sum != engine_sum:
             raise StepFailed(
                 f"--check-weight-update-equal: after the weight update to version {version} the rollout engine's "
@@ -275,15 +284,20 @@ def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> flo
     return time.perf_counter() - t0
 
 
-def _save(cfg: EngineConfig, workers, manager, rollout_id: int, save_checkpoint) -> None:
-    state = wait(workers[0].state_dict.remote(), "the trainer state")
+def _save(cfg: EngineConfig, workers, manager, rollout_id: int) -> None:
+    """Every training rank writes its own shard into a temporary directory; the driver adds its own
+    data and commits (rename + tracker) only after every rank returned."""
+    from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint
+
     manager_state = wait(manager.state_dict.remote(), "the data position")
-    save_checkpoint(
+    tmp = begin_checkpoint(cfg.ckpt.save, rollout_id)
+    wait([w.save_checkpoint.remote(str(tmp)) for w in workers], f"the training workers to write their checkpoint shards into {tmp}")
+    commit_checkpoint(
         cfg.ckpt.save,
         rollout_id,
-        state,
+        tmp,
         {"rollout_manager": manager_state, "rollout_id": rollout_id},
         keep_last=cfg.ckpt.keep_last_checkpoints,
     )
     if cfg.ckpt.save_hf:
-        wait(workers[0].export_hf.remote(cfg.ckpt.save_hf.format(rollout_id=rollout_id)), "the Hugging Face export")
+        wait([w.export_hf.remote(cfg.ckpt.save_hf.format(rollout_id=rollout_id)) for w in workers], "the Hugging Face export")

@@ -34,9 +34,10 @@ def config(files, run_dir, **values):
 
 
 def final_weights(run_dir):
-    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint
+    from miles.backends.torch.checkpoint import read_model_weights
+    from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
 
-    return load_latest_checkpoint(run_dir / "ckpt")[1]["model"]
+    return read_model_weights(str(find_latest_checkpoint(run_dir / "ckpt")[1]))
 
 
 def test_two_data_parallel_workers_match_one(files, tmp_path, ray_session):

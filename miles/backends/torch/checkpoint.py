@@ -20,6 +20,7 @@ weights, for `miles eval` and exports.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -90,5 +91,7 @@ def read_model_weights(directory: str) -> dict[str, torch.Tensor]:
         for key, m in meta.items()
         if key.startswith("model.") and isinstance(m, TensorStorageMetadata)
     }
-    dcp.load({"model": template}, checkpoint_id=directory, no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load({"model": template}, checkpoint_id=directory, no_dist=True)
     return template
