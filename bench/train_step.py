@@ -1,4 +1,4 @@
-"""Benchmark: `TorchTrainer.train_step` throughput against a plain hand-written HF training loop.
+"""Benchmark: `TorchBackend.train_step` (packed batch, vectorised loss) against a hand-written HF loop.
 
 Baseline (measured in the same run, same model, same batch, same attention kernel "eager", same
 thread count): right-pad the batch, one forward of `AutoModelForCausalLM`, cross-entropy over the
@@ -74,18 +74,18 @@ def baseline_step_fn(hf_dir: str, data: dict, lr: float):
 
 
 def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_batch_size: int):
-    from miles.backends.torch import TorchTrainer
+    from miles.backends.torch import TorchBackend
     from miles.config.algo import AlgoConfig
+    from miles.config.engine import EngineConfig
     from miles.config.optimizer import OptimizerConfig
 
-    trainer = TorchTrainer(
-        hf_dir,
-        optimizer_cfg=OptimizerConfig(lr=lr),
-        algo_cfg=AlgoConfig(loss_type=loss_type, eps_clip_high=0.2),
-        micro_batch_size=micro_batch_size,
-        deterministic=False,
-        seed=0,
-    )
+    cfg = EngineConfig()
+    cfg.rollout.hf_checkpoint = hf_dir
+    cfg.train.micro_batch_size = micro_batch_size
+    cfg.data.num_steps_per_rollout = 1
+    cfg.optimizer = OptimizerConfig(lr=lr, seed=0)
+    cfg.algo = AlgoConfig(loss_type=loss_type, eps_clip_high=0.2)
+    trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")
     return lambda: trainer.train_step(data, rollout_id=0)
 
 
@@ -112,7 +112,7 @@ def main() -> None:
         make_model_dir(hf_dir, hidden=args.hidden, layers=args.layers, vocab=args.vocab)
         runners = {"plain HF loop (baseline)": baseline_step_fn(hf_dir, data, 1e-4)}
         for loss_type in ("sft_loss", "policy_loss"):
-            runners[f"TorchTrainer {loss_type}, micro-batch {mbs}"] = trainer_step_fn(hf_dir, data, 1e-4, loss_type, mbs)
+            runners[f"TorchBackend {loss_type}, micro-batch {mbs}"] = trainer_step_fn(hf_dir, data, 1e-4, loss_type, mbs)
         times: dict[str, list[float]] = {name: [] for name in runners}
         # Interleaved rounds: a load change on a shared machine hits every contender alike.
         for round_ in range(args.steps + 1):

@@ -104,3 +104,15 @@ def test_pack_samples_rejects_inconsistent_samples(data, match):
 def test_choose_layout_by_cost():
     assert choose_layout([128] * 16, 256) == "padded"  # equal lengths: padding wastes nothing, packing costs T^2
     assert choose_layout([2000] + [10] * 15, 64) == "packed"  # one long sample: padding 16 rows to 2000 costs more
+
+
+def test_fast_entropy_matches_the_careful_formula_and_survives_masked_logits():
+    from miles.algo.entropy import entropy_from_logits
+    from miles.backends.torch.forward import log_probs_from_logits
+
+    logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0)) * 3
+    logits[2, 4] = float("-inf")  # a masked vocabulary entry: 0 * -inf would be NaN in the fast formula
+    targets = torch.tensor([0, 1, 2, 3, 5])
+    lp, ent = log_probs_from_logits(logits, targets, temperature=1.0, with_entropy=True, entropy_grad=False)
+    torch.testing.assert_close(ent, entropy_from_logits(logits), rtol=0, atol=1e-5)
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[torch.arange(5), targets], rtol=0, atol=1e-6)

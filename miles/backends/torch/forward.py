@@ -117,15 +117,23 @@ def log_probs_from_logits(
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [R, V] log-softmax.
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # One fused log-softmax: its backward needs only its output, so the [R, V] logits can be freed
+    # (the same memory a logsumexp-based gather would keep alive) and no op re-exponentiates them.
+    logp = torch.log_softmax(logits, dim=-1)
+    log_probs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         if entropy_grad:
             entropy = entropy_from_logits(logits)
         else:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+                # H = -sum_v p_v log p_v from the log-softmax already computed. A -inf logit (a masked
+                # vocabulary entry) gives 0 * -inf = NaN here; such rows take the careful formula.
+                lp_ = logp.detach()
+                entropy = -torch.linalg.vecdot(torch.exp(lp_), lp_)
+                bad = ~torch.isfinite(entropy)
+                if bad.any():
+                    entropy[bad] = entropy_from_logits(logits.detach()[bad])
     return log_probs, entropy
 
 
