@@ -17,7 +17,7 @@ def test_rendezvous_address_is_rank_zeros_ray_node_ip(ray_session):
 
     from miles.ray.hosting import remote_object
 
-    worker = remote_object(TrainWorker, EngineConfig(), rank=0, world_size=2, device="cpu")
+    worker = remote_object(TrainWorker, EngineConfig(), rank=0, world_size=2, device="cpu", actor_options={"num_cpus": 0})
     ray.get(worker.ready_ref, timeout=120)
     addr, port = ray.get(worker.rendezvous_address.remote(), timeout=60)
     node_ips = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
