@@ -14,7 +14,7 @@ Build a `PackedBatch` from the rollout's per-sample train data with
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
@@ -59,11 +59,6 @@ class PackedBatch:
             torch.arange(self.num_samples, device=self.response_lengths.device), self.response_lengths
         )
 
-    def per_token_fields(self) -> dict[str, torch.Tensor]:
-        """The [R] fields that are present, by name (loss_mask first)."""
-        skip = {"tokens", "cu_seqlens", "response_lengths"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip and getattr(self, f.name) is not None}
-
 
 class TrainerBackend(abc.ABC):
     """One rank of a training backend. The caller (miles/ray/train_group.TrainWorker) has already
@@ -72,7 +67,6 @@ class TrainerBackend(abc.ABC):
     is_weight_source: bool
     """True on the one rank that sends weights to the rollout engines."""
 
-    @abc.abstractmethod
     def __init__(self, cfg: "EngineConfig", *, rank: int, world_size: int, device: str): ...
 
     @abc.abstractmethod
