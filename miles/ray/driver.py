@@ -69,7 +69,9 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus, **kwargs)
+            # address="local": a private node, even when another Ray cluster runs on this machine
+            # (plain ray.init() would join that one, and refuse num_cpus).
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
     try:
         yield
     finally:

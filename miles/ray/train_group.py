@@ -128,7 +128,7 @@ class TrainWorker:
         then one step further on the backend's iterator (a collective step on every rank)."""
         if self._buckets is None or self._next_bucket is None:
             raise RuntimeError("next_weight_bucket called without begin_weight_buckets, or past the last bucket")
-        bucket = [(name, t.detach().clone().cpu()) for name, t in self._next_bucket]
+        bucket = [(name, t.detach().to("cpu", copy=True)) for name, t in self._next_bucket]
         self._next_bucket = next(self._buckets, None)
         if self._next_bucket is None:
             self._buckets = None
