@@ -18,5 +18,10 @@ class UserError(Exception):
         self.option = option
 
 
+class MissingInput(UserError):
+    """A file or directory the run reads is not there (a user error; `miles docs check` tells it apart
+    from a configuration error, since a documented command's inputs need not exist where docs are checked)."""
+
+
 class StepFailed(RuntimeError):
     """An internal step failed; the message says which step and what it was doing."""

@@ -156,6 +156,10 @@ def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     from miles.errors import UserError
     from miles_cli.main import build_app
 
+    from miles.errors import MissingInput
+    from miles_cli import errors
+
+    errors.last_error = None
     saved_argv = sys.argv
     # The run commands read sys.argv to tell `--` passthrough from stray arguments: make it the real one.
     sys.argv = ["miles", *argv]
@@ -169,6 +173,9 @@ def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     finally:
         sys.argv = saved_argv
     output = result.output
+    if isinstance(errors.last_error, MissingInput):
+        # Configured correctly; only its input files are not on this machine (docs are checked anywhere).
+        return 0, output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         output += f"\n{type(result.exception).__name__}: {result.exception}"
     return result.exit_code, output

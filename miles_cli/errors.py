@@ -12,6 +12,7 @@ from rich.markup import escape
 from miles.errors import UserError
 
 _stderr = Console(stderr=True)
+last_error: UserError | None = None  # the latest user error reported (read by `miles docs check`, in-process)
 
 
 @contextlib.contextmanager
@@ -20,5 +21,7 @@ def user_errors_exit_2() -> Iterator[None]:
     try:
         yield
     except UserError as e:
+        global last_error
+        last_error = e
         _stderr.print(f"[bold red]Error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None

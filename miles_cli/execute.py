@@ -1,41 +1,56 @@
-"""What `full-train`, `train` and `eval` do once their options are resolved (imports the heavy stack)."""
+"""What `full-train`, `train` and `eval` do once their options are resolved (imports the heavy stack).
+
+Before anything starts, `miles.run_guard.preflight` checks every input and the run directory
+(`--dry-run` runs the same checks). A training run then holds its run directory's lock; SIGTERM
+stops it like Ctrl-C, and either way the user is told what was kept and the command that resumes.
+"""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+import typer
 from rich.console import Console
+from rich.markup import escape
 
-from miles.errors import UserError
+from miles.run_guard import guarded, preflight
 
 console = Console()
-
-
-def _require_inputs(cfg, command: str) -> None:
-    hint = " Run `miles full-train` to prepare it." if command == "train" else ""
-    if not cfg.rollout.hf_checkpoint or not (Path(cfg.rollout.hf_checkpoint) / "config.json").is_file():
-        raise UserError(f"--hf-checkpoint {cfg.rollout.hf_checkpoint} is not a Hugging Face model directory.{hint}", option="--hf-checkpoint")
-    if command != "eval" and not Path(cfg.data.prompt_data).is_file():
-        raise UserError(f"--prompt-data {cfg.data.prompt_data} does not exist.{hint}", option="--prompt-data")
+_stderr = Console(stderr=True)
 
 
 def execute(inv, *, checkpoint: str | None = None) -> None:
     os.environ.update(inv.plan.env)
     cfg = inv.config
-    if inv.command == "full-train":
-        from miles.prepare.runner import run_prepare_steps
-
-        run_prepare_steps(inv.plan.prepare)
-    _require_inputs(cfg, inv.command)
+    preflight(inv, checkpoint)
     if inv.command == "eval":
         from miles.eval.run import run_eval
 
         run_eval(cfg, checkpoint=checkpoint, run_dir=inv.options.run_dir)
         return
-    from miles.ray.driver import run_training
+    from miles.ray.actor_death import ActorDied
+    from miles.run_stop import kept_report, stop_exit_code, stop_report
 
-    result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.plan.env)
+    kept = dict(save_dir=cfg.ckpt.save, load_dir=cfg.ckpt.load, run_dir=inv.options.run_dir, save_interval=cfg.ckpt.save_interval)
+    try:
+        with guarded(inv) as guard:
+            if inv.command == "full-train":
+                from miles.prepare.runner import run_prepare_steps
+
+                run_prepare_steps(inv.plan.prepare)
+                guard.inputs_ready()
+            from miles.ray.driver import run_training
+
+            result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.plan.env)
+    except KeyboardInterrupt as e:
+        _stderr.print(escape(stop_report(e, **kept)), highlight=False, soft_wrap=True)
+        raise typer.Exit(stop_exit_code(e)) from None
+    except ActorDied as e:
+        from miles.run_stop import resume_command
+
+        _stderr.print(f"[bold red]Error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _stderr.print(escape(f"{kept_report(**kept)}\n  {resume_command()}"), highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     print_result(result)
 
 
@@ -45,7 +60,9 @@ def print_result(result) -> None:
         console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
         if result.resumed_from + 1 >= result.final_step:
             console.print("The run was already complete: nothing to train. Use another --run-id for a new run.")
-    for key in sorted(k for k in result.last_eval if k.endswith("/accuracy")):
+    from miles.tracking.console import eval_headline_keys
+
+    for key in eval_headline_keys(result.last_eval):
         before = result.first_eval.get(key)
         after = result.last_eval[key]
         if before is not None:

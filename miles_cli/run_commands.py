@@ -190,8 +190,10 @@ def build_run_command(command: Command, recipe: ModuleType):
             inv.recipe_sources = recipe_sources
             print_options_table(inv)
             if kwargs["dry_run"]:
+                from miles.run_guard import preflight
                 from miles_cli.output import print_plan
 
+                preflight(inv, kwargs.get("checkpoint"))  # every check the run makes before it starts
                 print_plan(inv)
                 return
             from miles_cli.execute import execute

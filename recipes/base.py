@@ -40,6 +40,15 @@ class RecipePlan:
     prepare: list[PrepareStep] = field(default_factory=list)
 
 
+def default_run_id(options: "RecipeOptions", **distinct: object) -> str:
+    """`<model-name>[-<mode>][-<key><value>...]`: the default run id carries what makes runs different
+    (the mode, and the `distinct` recipe options a recipe passes when they differ from their default),
+    so a debug run and a normal run never share a directory and one never resumes the other."""
+    parts = [options.model_name] + ([options.mode] if options.mode != "normal" else [])
+    parts += [f"{key}{value}" for key, value in distinct.items()]
+    return "-".join(parts)
+
+
 @dataclass
 class RecipeOptions:
     """Options every recipe has. Recipes subclass this and may change defaults or add options."""
@@ -50,7 +59,7 @@ class RecipeOptions:
     )
     run_id: str | None = option(
         help="Name of this run; outputs go to <output-dir>/<run-id>, and rerunning with the same id resumes it.",
-        derived=Derived("equal to --model-name", lambda r: r.model_name),
+        derived=Derived("--model-name, plus -<mode> unless --mode normal", lambda r: default_run_id(r)),
     )
     num_nodes: int = option(1, help="Nodes in the job.")
     num_gpus_per_node: int = option(8, help="Devices per node (on CPU: training worker processes).")

@@ -40,9 +40,10 @@ def plan(o: Options) -> RecipePlan:
         "apply_chat_template": True,
         "rm_type": "math",
         "num_rollout": 2 if debug else 3000,
-        "rollout_batch_size": 4 if debug else 32,
+        # debug: 8 prompts x 8 samples = one whole group per worker on 8 workers (groups must not split)
+        "rollout_batch_size": 8 if debug else 32,
         "n_samples_per_prompt": 8,
-        "global_batch_size": 32 if debug else 256,
+        "global_batch_size": 64 if debug else 256,
         "rollout_max_response_len": 64 if debug else 8192,
         "rollout_temperature": 1.0,
         "rollout_shuffle": True,

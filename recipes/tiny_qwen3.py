@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import Derived, option
-from recipes.base import PrepareStep, RecipeOptions, RecipePlan
+from recipes.base import PrepareStep, RecipeOptions, RecipePlan, default_run_id
 
 NAME = "tiny-qwen3"
 SUMMARY = "2-layer Qwen3 (~120k params) with a character tokenizer on two-digit addition; runs on a CPU."
@@ -35,6 +35,13 @@ TASK = {"max_operand": 99, "n_train": 2000, "n_eval": 200, "ops": ("+",)}
 @dataclass
 class Options(RecipeOptions):
     model_name: str = option(NAME, help=RecipeOptions.__dataclass_fields__["model_name"].metadata["help"])
+    run_id: str | None = option(
+        help=RecipeOptions.__dataclass_fields__["run_id"].metadata["help"],
+        derived=Derived(
+            "--model-name, plus -<mode> unless --mode normal, plus -seed<N> unless --prepare-seed 0",
+            lambda o: default_run_id(o, **({"seed": o.prepare_seed} if o.prepare_seed else {})),
+        ),
+    )
     num_gpus_per_node: int = option(1, help="Training worker processes (on CPU each is one data-parallel rank).")
     hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
         "cpu", help="Hardware the recipe is tuned for: cpu (auto or a GPU name runs it on a visible GPU)."

@@ -14,7 +14,9 @@ Two steps, split as upstream miles splits them:
      token, discounted: `G_t = r_t + gamma * G_{t+1}`; advantages = returns = G;
    - ppo: the same token rewards, GAE: `delta_t = r_t + gamma V_{t+1} - V_t` (V after the last trained
      token is 0, also for truncated responses), `A_t = delta_t + gamma lambd A_{t+1}`, returns `A + V`;
-   - `--normalize-advantages`: whiten advantages over all trained tokens of the batch.
+   - `--normalize-advantages`: whiten advantages over all trained tokens of the rollout; with data
+     parallelism the count, sum and sum of squares are summed over the DP group (`all_reduce`), so
+     every rank uses the same mean and std and DP=N equals DP=1.
 
 Masked tokens (loss mask 0: tool output, removed samples) are not steps of the decision process:
 the recursions run over the trained tokens only, so masked tokens neither receive reward nor get
@@ -45,6 +47,9 @@ from miles.config.algo import AlgoConfig
 
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
+
+AllReduce = Callable[[torch.Tensor], object]
+"""Sums a tensor in place over the data-parallel group (the signature of `torch.distributed.all_reduce`)."""
 
 
 def normalize_group_rewards(
@@ -93,12 +98,17 @@ def compute_advantages_and_returns(
 
     `rewards` holds one scalar per sample ([B]), already group-normalised by train_data for grpo,
     gspo and reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached.
+
+    `all_reduce` sums a float64 tensor over the data-parallel group (in place like
+    `torch.distributed.all_reduce`, or returning the sum); `--normalize-advantages` whitens with
+    statistics over the whole group through it. None means this process holds the whole rollout.
+    The group statistics are taken on the rollout side over whole groups and every estimator here
+    works per sample, so the samples need not form whole groups of `n_samples_per_prompt` (a
+    data-parallel rank may hold part of a group); the argument is kept for interface stability.
     """
     n = segments.num_segments
     if rewards.numel() != n:
         raise ValueError(f"{rewards.numel()} rewards for {n} samples")
-    if n % max(n_samples_per_prompt, 1):
-        raise ValueError(f"{n} samples do not split into groups of {n_samples_per_prompt}")
     mask = loss_mask.detach().to(torch.float32)
     rewards = rewards.detach().to(torch.float32).reshape(-1).to(mask.device)
     kl = _token_kl(cfg, mask, log_probs, ref_log_probs)
@@ -204,6 +214,12 @@ def gae(
     return _from_grid(adv, where, token_rewards), _from_grid(adv + v, where, token_rewards)
 
 
+def _summed(all_reduce: AllReduce, t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the group, whether `all_reduce` works in place (torch.distributed) or returns the sum."""
+    out = all_reduce(t)
+    return out if isinstance(out, torch.Tensor) else t
+
+
 def whiten(
     advantages: torch.Tensor, mask: torch.Tensor, *, eps: float = WHITEN_EPS, all_reduce: AllReduce | None = None
 ) -> torch.Tensor:
@@ -217,14 +233,14 @@ def whiten(
     a = advantages.to(torch.float64)
     stats = torch.stack([m.sum(), (a * m).sum()])
     if all_reduce is not None:
-        stats = all_reduce(stats)
+        stats = _summed(all_reduce, stats)
     count, total = float(stats[0]), float(stats[1])
     if count == 0:
         return advantages.clone()
     mean = total / count
     sq = (((a - mean) * m) ** 2).sum().reshape(1)
     if all_reduce is not None:
-        sq = all_reduce(sq)
+        sq = _summed(all_reduce, sq)
     var = float(sq) / (count - 1) if count >= 2 else float(sq) / count
     scale = (var + eps) ** -0.5
     return (advantages - mean) * scale * mask

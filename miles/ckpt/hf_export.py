@@ -1,7 +1,9 @@
 """Export trained weights as a Hugging Face model directory (`--save-hf`), written atomically.
 
 `export_hf(model_or_state, config_src_dir, out_dir)` writes into `<out_dir>.tmp-<pid>` and renames it
-to `out_dir` when complete, so a reader never sees half a model:
+to `out_dir` when complete, so a reader never sees half a model. What a killed export left next to
+its output (`*.tmp-<pid>`, `*.old-<pid>` of a process that no longer runs) is removed by the next
+export into the same parent directory:
 
 - the weights as safetensors: one `model.safetensors`, or shards of at most `max_shard_bytes` plus
   `model.safetensors.index.json`; a tensor sharing storage with an earlier one (a tied `lm_head`)
@@ -20,7 +22,9 @@ Use: `export_hf(trainer.model, hf_dir, "runs/x/hf_step_10")`, then
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -32,6 +36,28 @@ from miles.ckpt.durable import fsync_path
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+_LEFTOVER_RE = re.compile(r"^.+\.(?:tmp|old)-(\d+)$")
+
+logger = logging.getLogger(__name__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _remove_leftovers(parent: Path) -> None:
+    """Remove the temp/old directories of exports whose process died (a live writer's are kept)."""
+    for entry in parent.iterdir():
+        m = _LEFTOVER_RE.match(entry.name)
+        if m and entry.is_dir() and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            logger.warning("removing %s, left by an interrupted Hugging Face export", entry)
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _named_tensors(model_or_state) -> Iterable[tuple[str, torch.Tensor]]:
@@ -83,6 +109,7 @@ def export_hf(
         raise FileNotFoundError(f"{src} has no config.json; export_hf copies the model config from there")
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out.parent)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

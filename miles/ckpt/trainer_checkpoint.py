@@ -18,8 +18,9 @@ Crash safety: a checkpoint is written into `<save_dir>/.tmp-iter_<id>-<pid>/`, e
 the directory renamed to `iter_<id>` only when complete, and the tracker rewritten (temp file +
 `os.replace`) last. A SIGKILL at any moment leaves either the previous tracker (the new directory is
 ignored) or the new one pointing at a complete directory. Temp directories left by a killed writer
-are removed by the next save or load. The tracker is the only source of truth: an `iter_*` directory
-it does not name is never loaded.
+are removed by the next save (`begin_checkpoint`); loading never changes the directory (a reader
+pointed at a live run must not delete its save in progress; see `miles.ckpt.checkpoint_dir`). The
+tracker is the only source of truth: an `iter_*` directory it does not name is never loaded.
 
 Not here: the HF export (`miles.ckpt.hf_export`) and the megatron `torch_dist` format.
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,29 +45,29 @@ from typing import Any
 import torch
 
 from miles.ckpt.durable import fsync_path
+from miles.ckpt.checkpoint_dir import (  # noqa: F401  (re-exported: the names callers know)
+    EXTRA_FILE,
+    REPLACED_PREFIX as _REPLACED_PREFIX,
+    STATE_FILE,
+    TMP_PREFIX as _TMP_PREFIX,
+    TRACKER,
+    iter_dir_name,
+    latest_checkpoint,
+    list_checkpoints,
+    read_tracker,
+)
 from miles.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-STATE_FILE = "trainer_state.pt"
-EXTRA_FILE = "extra.json"
-_TMP_PREFIX = ".tmp-"
-# An older checkpoint of the same id moved aside while its replacement is renamed in; restored by a
-# load if the process died between the two renames.
-_REPLACED_PREFIX = ".replaced-"
-_ITER_RE = re.compile(r"^iter_(\d{7,})$")
-
-
-def iter_dir_name(rollout_id: int) -> str:
-    return f"iter_{rollout_id:07d}"
-
-
 def _clean_temp_dirs(save_dir: Path) -> None:
+    """Remove what interrupted saves left. Only the writer calls this: the run lock makes it the only one."""
     for entry in save_dir.iterdir():
         if entry.name.startswith(_TMP_PREFIX) and entry.is_dir():
             logger.warning("removing incomplete checkpoint %s (left by an interrupted save)", entry)
             shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith(f"{_TMP_PREFIX}{TRACKER}-"):
+            entry.unlink(missing_ok=True)
 
 
 def _recover_replaced(save_dir: Path) -> None:
@@ -78,27 +78,6 @@ def _recover_replaced(save_dir: Path) -> None:
         else:
             logger.warning("restoring %s: a re-save of the same rollout id was interrupted", final)
             os.rename(entry, final)
-
-
-def read_tracker(save_dir: str | os.PathLike[str]) -> int | None:
-    """The rollout id named by the tracker, or None when there is no tracker."""
-    tracker = Path(save_dir) / TRACKER
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{tracker} holds {text!r}, not a rollout id") from None
-
-
-def list_checkpoints(save_dir: str | os.PathLike[str]) -> list[int]:
-    """Rollout ids of the complete (renamed) `iter_*` directories, ascending."""
-    save_dir = Path(save_dir)
-    if not save_dir.is_dir():
-        return []
-    ids = [int(m.group(1)) for e in save_dir.iterdir() if (m := _ITER_RE.match(e.name)) and e.is_dir()]
-    return sorted(ids)
 
 
 def begin_checkpoint(save_dir: str | os.PathLike[str], rollout_id: int) -> Path:
@@ -180,42 +159,32 @@ def save_checkpoint(
     return commit_checkpoint(save_dir, rollout_id, tmp, extra, keep_last=keep_last)
 
 
-def find_latest_checkpoint(load_dir: str | os.PathLike[str]) -> tuple[int, Path, dict[str, Any]] | None:
+def find_latest_checkpoint(
+    load_dir: str | os.PathLike[str], *, flag: str = "--load"
+) -> tuple[int, Path, dict[str, Any]] | None:
     """`(rollout_id, directory, extra)` of the checkpoint the tracker names, or None when the
-    directory, the tracker or the named checkpoint is missing. Incomplete temp dirs are removed."""
-    load_dir = Path(load_dir)
-    if not load_dir.is_dir():
-        return None
-    _recover_replaced(load_dir)
-    _clean_temp_dirs(load_dir)
-    for stray in load_dir.glob(f"{_TMP_PREFIX}{TRACKER}-*"):
-        stray.unlink(missing_ok=True)
-    rollout_id = read_tracker(load_dir)
-    if rollout_id is None:
+    directory or the tracker is missing. Reads only: nothing in `load_dir` is created, renamed or removed."""
+    found = latest_checkpoint(load_dir, flag=flag)
+    if found is None:
         if list_checkpoints(load_dir):
             logger.warning("%s has iter_* directories but no %s; not resuming from them", load_dir, TRACKER)
         return None
-    ckpt = load_dir / iter_dir_name(rollout_id)
-    if not (ckpt / EXTRA_FILE).is_file():
-        raise UserError(
-            f"--load {load_dir}: {TRACKER} names rollout {rollout_id} but {ckpt.name} is missing or "
-            "incomplete; restore that directory or point --load at another checkpoint directory.",
-            option="--load",
-        )
-    return rollout_id, ckpt, json.loads((ckpt / EXTRA_FILE).read_text())
+    return found.rollout_id, found.path, json.loads((found.path / EXTRA_FILE).read_text())
 
 
-def load_latest_checkpoint(load_dir: str | os.PathLike[str]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+def load_latest_checkpoint(
+    load_dir: str | os.PathLike[str], *, flag: str = "--load"
+) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
     """`(rollout_id, trainer_state, extra)` of a checkpoint written by `save_checkpoint` (one state
-    file), or None when nothing complete is there."""
-    found = find_latest_checkpoint(load_dir)
+    file), or None when nothing complete is there. Reads only."""
+    found = find_latest_checkpoint(load_dir, flag=flag)
     if found is None:
         return None
     rollout_id, ckpt, extra = found
     if not (ckpt / STATE_FILE).is_file():
         raise UserError(
-            f"--load {load_dir}: {ckpt.name} has no {STATE_FILE}; it holds a per-rank trainer checkpoint, "
+            f"{flag} {load_dir}: {ckpt.name} has no {STATE_FILE}; it holds a per-rank trainer checkpoint, "
             "which the trainer loads itself.",
-            option="--load",
+            option=flag,
         )
     return rollout_id, torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True), extra

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 from miles.config.fields import Derived, option
 
 
+def rollouts_for_epochs(num_prompts: int, num_epoch: int, rollout_batch_size: int) -> int:
+    """`--num-rollout` for `--num-epoch`: (dataset size ÷ --rollout-batch-size, rounded down) × epochs,
+    at least 1. A step trains on --rollout-batch-size groups, so that is what an epoch is counted in,
+    whatever --over-sampling-batch-size draws to make up for groups that dynamic sampling drops
+    (upstream miles' rule)."""
+    return max(1, (num_prompts // rollout_batch_size) * num_epoch)
+
+
 def _samples_per_rollout(c) -> int | None:
     if c.data.rollout_batch_size is None:
         return None
@@ -31,7 +39,7 @@ class DataConfig:
     num_rollout: int | None = option(None, help="Rollout steps to run; replaces a --num-epoch given earlier (e.g. by the recipe).")
     num_epoch: int | None = option(
         None,
-        help="Passes over the prompt dataset: sets --num-rollout to epochs × dataset size ÷ --over-sampling-batch-size; replaces a --num-rollout given earlier (e.g. by the recipe).",
+        help="Passes over the prompt dataset: sets --num-rollout to (dataset size ÷ --rollout-batch-size, rounded down) × epochs, at least 1; replaces a --num-rollout given earlier (e.g. by the recipe).",
     )
     rollout_batch_size: int | None = option(None, help="Prompt groups per rollout step.")
     n_samples_per_prompt: int = option(1, help="Responses generated per prompt (the group size of GRPO).")

@@ -34,6 +34,12 @@ KNOWN_RM_TYPES: tuple[str, ...] = (
     "remote_rm",
 )
 BOXED_PREFIX = "boxed_"
+# Types whose reward says right or wrong (1/0, or dapo's score +1/-1): for these, and only these, eval
+# reports an accuracy (`reward > 0`) next to the mean reward. f1 is fractional, and a remote or
+# custom reward model may return anything, so their evals report the mean reward alone.
+BINARY_RM_TYPES: frozenset[str] = frozenset(
+    {"math", "dapo", "deepscaler", "gpqa", "exact_match", "deterministic_random", "random"}
+)
 
 
 def split_rm_type(rm_type: str) -> tuple[bool, str]:
@@ -61,6 +67,14 @@ class RewardConfig:
         help=(
             "Reward type: " + ", ".join(KNOWN_RM_TYPES) + "; the prefix boxed_ (e.g. boxed_math) scores only "
             "the content of the last \\boxed{} of the response. A sample's metadata['rm_type'] overrides it."
+        ),
+    )
+    math_free_text_fallback: bool = option(
+        False,
+        help=(
+            "--rm-type math: grade a response that has no closed \\boxed{} on the answer math-verify finds in "
+            "its free text. Off (upstream's rule): such a response scores 0, which teaches the model to finish "
+            "and box its answer; a truncated response no longer earns a reward for a number it mentioned."
         ),
     )
     reward_key: str | None = option(
@@ -111,6 +125,12 @@ class RewardConfig:
                     f"--rm-type {self.rm_type} gives dict rewards {{score, acc, pred}}; add --reward-key score to train on the score.",
                     option="--reward-key",
                 )
+        if self.math_free_text_fallback and (self.custom_rm_path or (self.rm_type or "").strip() != "math"):
+            raise UserError(
+                "--math-free-text-fallback changes only --rm-type math (without the boxed_ prefix and without "
+                "--custom-rm-path); drop it or use --rm-type math.",
+                option="--math-free-text-fallback",
+            )
         if self.rm_url is not None and not self.rm_url.startswith(("http://", "https://")):
             raise UserError(f"--rm-url {self.rm_url!r} must start with http:// or https://.", option="--rm-url")
         if not self.rm_timeout > 0:

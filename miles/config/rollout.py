@@ -17,7 +17,11 @@ class RolloutConfig:
         "builtin",
         help="Rollout engine: builtin (batched, KV-cached torch decoding; any machine) or sglang (GPU servers behind sglang-router).",
     )
-    rollout_temperature: float = option(1.0, help="Sampling temperature for training rollouts (0 = greedy).")
+    rollout_temperature: float = option(
+        1.0,
+        help="Sampling temperature for training rollouts (0 = greedy). The trainer divides its logits by the "
+        "same temperature (1 when greedy), so its log-probs, entropy and KL score the policy the engine sampled from.",
+    )
     rollout_top_p: float = option(1.0, help="Nucleus sampling: keep the smallest token set with this total probability.")
     rollout_top_k: int = option(-1, help="Keep only the k most likely tokens; -1 disables.")
     rollout_max_context_len: int | None = option(None, help="Maximum prompt + response tokens; unset = no limit.")

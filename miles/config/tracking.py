@@ -31,5 +31,9 @@ class TrackingConfig:
     wandb_group: str | None = option(None, help="wandb group; unset = the run id.")
     wandb_dir: str | None = option(None, help="wandb directory; unset = <output dir>/wandb.")
     use_prometheus: bool = option(False, help="Serve metrics as Prometheus gauges on --prometheus-port.")
+    prometheus_host: str = option(
+        "127.0.0.1",
+        help="Address the Prometheus endpoint binds; 127.0.0.1 serves this machine only, 0.0.0.0 lets other hosts scrape it.",
+    )
     prometheus_port: int = option(9090, help="Port of the Prometheus metrics endpoint.", env="PROMETHEUS_PORT")
     prometheus_run_name: str | None = option(None, help="Value of the run_name label on gauges; unset = the run id.")

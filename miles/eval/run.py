@@ -24,7 +24,7 @@ console = Console()
 def _checkpoint_weights(path: Path):
     from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
 
-    found = find_latest_checkpoint(path)
+    found = find_latest_checkpoint(path, flag="--checkpoint")  # reads only: the run may be live
     if found is None:
         raise UserError(f"--checkpoint {path} holds no complete checkpoint (no latest_checkpointed_iteration.txt).", option="--checkpoint")
     rollout_id, ckpt_dir, _ = found

@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from miles.config.data import rollouts_for_epochs
 from miles.config.engine import EngineConfig
 from miles.config.resolve import fill_derived
 from miles.errors import StepFailed, UserError
@@ -31,17 +33,37 @@ def wait(refs, what: str, timeout: float = STEP_TIMEOUT_S):
     """`ray.get` with a timeout and a message that says what was being waited for."""
     import ray
 
+    from miles.ray.actor_death import ActorDied, describe
     from miles.ray.hosting import unwrap_user_error
 
     try:
+        if isinstance(refs, list) and len(refs) > 1:
+            _first_error_first(refs, timeout)
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise StepFailed(f"timed out after {timeout:.0f} s waiting for {what}") from None
+    except ray.exceptions.RayActorError as e:
+        raise ActorDied(describe(e, what)) from None
     except ray.exceptions.RayTaskError as e:
         user_error = unwrap_user_error(e)
         if user_error is not None:
             raise user_error from None
         raise
+
+
+def _first_error_first(refs: list, timeout: float) -> None:
+    """Wait for `refs` one by one as they finish, so a rank that died is reported at once instead of
+    after its peers time out in a collective it will never join."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ray.exceptions.GetTimeoutError()
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+        ray.get(done)
 
 
 @dataclasses.dataclass
@@ -66,17 +88,43 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
             runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
             configure_logging=False,
         )
+        # ray.init replaces the SIGTERM handler with a bare sys.exit; keep the caller's (miles.run_stop).
+        sigterm = signal.getsignal(signal.SIGTERM)
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
-        else:
-            # address="local": a private node, even when another Ray cluster runs on this machine
-            # (plain ray.init() would join that one, and refuse num_cpus).
+        else:  # "local": a private node, even when another Ray on this machine left /tmp/ray/ray_current_cluster
             ray.init(address="local", num_cpus=num_cpus, **kwargs)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     try:
         yield
     finally:
         if started_here:
+            from miles.ray.hosting import end_hosted_actors
+
+            pids = end_hosted_actors()
             ray.shutdown()
+            if not cfg.cluster.ray_address:
+                _reap(pids)
+
+
+def _reap(pids: list[int], timeout: float = 10.0) -> None:
+    """Make sure the local actor processes are gone once Ray is shut down (no orphan keeps a GPU or a port)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if any(part.startswith("ray::") for part in p.cmdline()[:1]):
+                procs.append(p)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
@@ -116,7 +164,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         d = cfg.data
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
-            d.num_rollout = max(1, num_prompts * d.num_epoch // cfg.rollout.over_sampling_batch_size)
+            d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
         workers = [
             remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
@@ -138,8 +186,9 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 start, resumed_from = rollout_id + 1, rollout_id
 
         tracker = Tracker(
-            # Rollout r is logged as step r + 1, so a resume at rollout `start` rewrites steps from start + 1.
-            cfg.tracking, run_dir=run_dir, run_id=run_id, params=cfg, resume_step=start + 1 if resumed_from is not None else None
+            # Rollout r is logged as step r + 1, so a resume at rollout `start` rewrites steps from start + 1;
+            # a fresh start drops whatever an earlier start of this run logged before its first checkpoint.
+            cfg.tracking, run_dir=run_dir, run_id=run_id, params=cfg, resume_step=start + 1 if resumed_from is not None else 0
         )
         status = "FAILED"
         first_eval: dict[str, float] = {}

@@ -12,11 +12,40 @@ from __future__ import annotations
 
 from typing import Any
 
+_LABELS: dict[str, str] = {}  # actor id (hex) -> what it is, for the message when it dies
+_HOSTED: list[Any] = []  # every RemoteObject made in this process, so a stopping run can end them
+
+
+def actor_label(actor_id: str | None) -> str | None:
+    """What the actor with this id hosts ("the TrainWorker of rank 1", "the RolloutManager"), if made here."""
+    return _LABELS.get(actor_id) if actor_id else None
+
+
+def end_hosted_actors() -> list[int]:
+    """`ray.kill` every actor made here (a busy actor does not stop when Ray's node shuts down: it
+    would outlive the run); returns the pids they reported, for the caller to make sure they are gone."""
+    import ray
+
+    pids = []
+    for obj in _HOSTED:
+        try:
+            pids.append(int(ray.get(obj.ready_ref, timeout=1)))
+        except Exception:
+            pass  # never started, or its constructor failed: nothing reported
+        try:
+            ray.kill(obj._handle, no_restart=True)
+        except Exception:
+            pass
+    _HOSTED.clear()
+    return pids
+
 
 class _Host:
-    def setup(self, cls: type, args: tuple, kwargs: dict) -> bool:
+    def setup(self, cls: type, args: tuple, kwargs: dict) -> int:
+        import os
+
         self.obj = cls(*args, **kwargs)
-        return True
+        return os.getpid()
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.obj, name)(*args, **kwargs)
@@ -33,7 +62,7 @@ class _Method:
 class RemoteObject:
     """A Ray actor hosting one object; `obj.method.remote(...)` calls `method` on it."""
 
-    def __init__(self, handle, ready_ref):
+    def __init__(self, handle, ready_ref):  # ready_ref resolves to the actor's pid
         self._handle = handle
         self.ready_ref = ready_ref  # resolves once the object is built (or raises its constructor's error)
 
@@ -46,8 +75,13 @@ class RemoteObject:
 def remote_object(cls: type, *args: Any, actor_options: dict[str, Any] | None = None, **kwargs: Any) -> RemoteObject:
     import ray
 
-    host = ray.remote(**(actor_options or {}))(_Host).remote()
-    return RemoteObject(host, host.setup.remote(cls, args, kwargs))
+    # A host class named after the hosted one, so `ps` and Ray's tools show "ray::TrainWorker.call".
+    named = type(cls.__name__, (_Host,), {"__module__": __name__, "__qualname__": cls.__name__})
+    host = ray.remote(**(actor_options or {}))(named).remote()
+    _LABELS[host._actor_id.hex()] = f"the {cls.__name__}" + (f" of rank {kwargs['rank']}" if "rank" in kwargs else "")
+    obj = RemoteObject(host, host.setup.remote(cls, args, kwargs))
+    _HOSTED.append(obj)
+    return obj
 
 
 def unwrap_user_error(error: BaseException) -> BaseException | None:

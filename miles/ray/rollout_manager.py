@@ -192,7 +192,7 @@ class RolloutManager:
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         }
         for reason, count in dropped.items():
-            metrics[f"rollout/dropped/{reason}"] = float(count)
+            metrics[f"rollout/dynamic_filter/drop_{reason}"] = float(count)  # upstream miles' name
         if self.cfg.debug.save_debug_rollout_data:
             path = Path(self.cfg.debug.save_debug_rollout_data.format(rollout_id=rollout_id))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +202,18 @@ class RolloutManager:
         return {"train_data": train_data, "metrics": metrics}
 
     # ------------------------------------------------------------------ eval
+    def _binary_rewards(self, samples: list[Sample]) -> bool:
+        """True when every sample is scored by a right/wrong reward type (miles.config.reward.BINARY_RM_TYPES)."""
+        from miles.config.reward import BINARY_RM_TYPES, split_rm_type
+        from miles.rollout.rm_hub import effective_rm_type
+
+        if self.cfg.reward.custom_rm_path:
+            return False
+        return all(split_rm_type(effective_rm_type(self.cfg.reward, s))[1] in BINARY_RM_TYPES for s in samples)
+
     def eval(self, rollout_id: int) -> dict[str, float]:
-        """Score every eval dataset with the eval sampling settings; eval/<name>/{accuracy,reward,...}."""
+        """Score every eval dataset with the eval sampling settings; eval/<name>/{reward,accuracy,...}
+        (accuracy only when the reward is right/wrong, see `_binary_rewards`)."""
         e = self.cfg.eval
         metrics: dict[str, float] = {}
         for name, dataset in self.eval_datasets.items():
@@ -230,7 +240,8 @@ class RolloutManager:
             key = self.cfg.reward.eval_reward_key
             rewards = [s.get_reward_value(key) for s in flat]
             metrics[f"eval/{name}/reward"] = sum(rewards) / len(rewards)
-            metrics[f"eval/{name}/accuracy"] = sum(r > 0 for r in rewards) / len(rewards)
+            if self._binary_rewards(flat):  # "reward > 0" means "correct" only for right/wrong rewards
+                metrics[f"eval/{name}/accuracy"] = sum(r > 0 for r in rewards) / len(rewards)
             metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for s in flat) / len(flat)
             metrics[f"eval/{name}/truncated_ratio"] = sum(s.status == SampleStatus.TRUNCATED for s in flat) / len(flat)
             metrics["perf/eval_time"] = metrics.get("perf/eval_time", 0.0) + time.perf_counter() - t0

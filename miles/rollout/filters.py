@@ -4,11 +4,14 @@ A filter is `fn(args, group: list[Sample]) -> FilterResult` named by `--dynamic-
 (e.g. `miles.rollout.filters.check_reward_nonzero_std`). `args` is the `RewardConfig` (its
 `reward_key` picks the entry of dict rewards). The rollout keeps generating groups (up to
 `--over-sampling-batch-size` in flight) until `--rollout-batch-size` groups are kept; dropped groups
-are counted by their `reason`. Filters shipped here:
+are counted by their `reason` as the metric `rollout/dynamic_filter/drop_<reason>` (upstream miles'
+name). Filters shipped here:
 
 - `check_reward_nonzero_std`: keep a group only if its rewards differ (population std > 1e-8): with
   group-normalised advantages (GRPO) a group whose responses all score the same teaches nothing.
-  Reason when dropped: `zero_std_<reward>`, e.g. `zero_std_1` or `zero_std_0.5`.
+  Reason when dropped: `zero_std_<reward rounded to 1 decimal>` (upstream miles' names), e.g.
+  `zero_std_1.0`, `zero_std_0.0`, `zero_std_0.5`: a continuous reward (f1) gives at most ~20 distinct
+  reasons in [-1, 1], not one per float value.
 - `check_no_aborted`: drop a group with any aborted sample. Reason: `group_has_aborted`.
 
 What it is not: the loop that submits and collects groups (the rollout function does that).
@@ -42,7 +45,8 @@ def check_reward_nonzero_std(args: Any, group: list[Sample]) -> FilterResult:
     rewards = [s.get_reward_value(reward_key) for s in group]
     if len(rewards) > 1 and statistics.pstdev(rewards) > _MIN_STD:
         return FilterResult(keep=True)
-    return FilterResult(keep=False, reason=f"zero_std_{rewards[0]:g}" if rewards else "zero_std_empty")
+    # `+ 0.0` turns round(-0.04, 1) == -0.0 into 0.0, so one reason names one bucket.
+    return FilterResult(keep=False, reason=f"zero_std_{round(float(rewards[0]), 1) + 0.0}" if rewards else "zero_std_empty")
 
 
 def check_no_aborted(args: Any, group: list[Sample]) -> FilterResult:

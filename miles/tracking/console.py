@@ -53,6 +53,13 @@ def _rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:.0f}"
 
 
+def eval_headline_keys(metrics: Mapping[str, float]) -> list[str]:
+    """Per eval dataset, the key to show: `eval/<ds>/accuracy` when the reward is right/wrong (only then
+    is it reported), else `eval/<ds>/reward`; sorted by key."""
+    names = {k.split("/")[1] for k in metrics if k.startswith("eval/") and k.count("/") == 2 and k.endswith(("/accuracy", "/reward"))}
+    return sorted(f"eval/{n}/accuracy" if f"eval/{n}/accuracy" in metrics else f"eval/{n}/reward" for n in names)
+
+
 def format_step_summary(step: int, metrics: Mapping[str, float], *, num_steps: int | None = None) -> str:
     """One line: step, reward (± std), eval accuracy per dataset, response length, tokens/s, step time."""
     parts = [f"step {step}/{num_steps}" if num_steps is not None else f"step {step}"]
@@ -61,10 +68,9 @@ def format_step_summary(step: int, metrics: Mapping[str, float], *, num_steps: i
         if "rollout/reward_std" in metrics:
             reward += f" ± {metrics['rollout/reward_std']:.3f}"
         parts.append(reward)
-    for key in sorted(metrics):
+    for key in eval_headline_keys(metrics):
         segs = key.split("/")
-        if len(segs) == 3 and segs[0] == "eval" and segs[2] == "accuracy":
-            parts.append(f"eval {segs[1]} {metrics[key]:.3f}")
+        parts.append(f"eval {segs[1]} {metrics[key]:.3f}" if segs[2] == "accuracy" else f"eval {segs[1]} reward {metrics[key]:.3f}")
     if "rollout/response_len_mean" in metrics:
         parts.append(f"len {metrics['rollout/response_len_mean']:.1f}")
     if "perf/rollout_tokens_per_s" in metrics:

@@ -26,7 +26,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("rollout/response_len_mean", "Mean response length in tokens."),
     ("rollout/truncated_ratio", "Fraction of samples cut by the response-length limit."),
     ("rollout/zero_std_fraction", "Fraction of prompt groups whose rewards are all equal (zero advantage under GRPO)."),
-    ("rollout/dropped/<reason>", "Number of groups dynamic sampling dropped for `<reason>` at this step."),
+    ("rollout/dynamic_filter/drop_<reason>", "Number of groups dynamic sampling dropped for `<reason>` at this step (upstream miles' name)."),
     # train/: the optimizer steps on this rollout (means over the steps unless said otherwise)
     ("train/loss", "The loss that was back-propagated (policy loss − entropy bonus + KL loss)."),
     ("train/pg_loss", "PPO clipped surrogate (GSPO: with the sequence-level ratio)."),
@@ -50,8 +50,8 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("train/lr", "Learning rate of the last optimizer step."),
     ("train/skipped_step", "Fraction of optimizer steps skipped (non-finite gradient)."),
     # eval/<ds>/: one block per eval dataset, on the eval sampling settings
-    ("eval/<ds>/accuracy", "Fraction of eval samples with a positive reward."),
-    ("eval/<ds>/reward", "Mean eval reward."),
+    ("eval/<ds>/accuracy", "Fraction of eval samples with a positive reward; only for right/wrong reward types (math, dapo, deepscaler, gpqa, exact_match, random, deterministic_random), not for f1, remote_rm or --custom-rm-path."),
+    ("eval/<ds>/reward", "Mean eval reward (always reported)."),
     ("eval/<ds>/response_len_mean", "Mean eval response length in tokens."),
     ("eval/<ds>/truncated_ratio", "Fraction of eval samples cut by `--eval-max-response-len`."),
     ("eval/step", "Step of an eval logged on its own (0: the eval before training)."),

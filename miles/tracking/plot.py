@@ -3,8 +3,9 @@
     python -m miles.tracking.plot runs/<run>/metrics.jsonl runs/<run>/curves.png
 
 One panel per entry of `keys`; an entry may be an fnmatch pattern, so the default
-`("rollout/raw_reward", "eval/*/accuracy")` draws the reward and every eval dataset's accuracy. A
-panel whose pattern matches nothing says "no data". Uses matplotlib's Agg canvas directly (no
+`("rollout/raw_reward", "eval/*/accuracy")` draws the reward and every eval dataset's accuracy (the
+mean eval reward instead when no eval reports an accuracy, e.g. f1). A panel whose pattern matches
+nothing says "no data". Uses matplotlib's Agg canvas directly (no
 pyplot, no display, no global backend switch) and writes atomically: a temp file in the same
 directory, then rename, so a reader never sees half a PNG.
 """
@@ -51,6 +52,10 @@ def plot_curves(metrics_jsonl: Path, out_png: Path, *, keys: Sequence[str] = DEF
     axes = fig.subplots(len(keys), 1, squeeze=False)[:, 0]
     for ax, pattern in zip(axes, keys):
         found = curves(records, pattern)
+        if not found and pattern.endswith("/accuracy"):
+            # Evals with a fractional reward (f1, custom) report no accuracy; draw their mean reward.
+            pattern = pattern[: -len("accuracy")] + "reward"
+            found = curves(records, pattern)
         for key, (steps, values) in found.items():
             ax.plot(steps, values, marker="o", markersize=3, label=key)
         if found:

@@ -8,7 +8,7 @@ Sinks (docs/monitoring.md has the user-facing story):
 | MLflow (`mlflow_sink`) | `--use-mlflow` | `--mlflow-tracking-uri`, else `sqlite:///<run_dir>/mlflow.db` |
 | TensorBoard (`tensorboard_sink`) | `--use-tensorboard` | `--tensorboard-dir`, else `<run_dir>/tensorboard` |
 | wandb (`wandb_sink`) | `--use-wandb` | `--wandb-dir`, else `<run_dir>/wandb` (offline by default) |
-| Prometheus (`prometheus_sink`) | `--use-prometheus` | HTTP `:<--prometheus-port>/metrics` |
+| Prometheus (`prometheus_sink`) | `--use-prometheus` | HTTP `<--prometheus-host>:<--prometheus-port>/metrics` |
 
 Usage (the driver, once, in the driver process):
 
@@ -78,7 +78,6 @@ class Tracker:
       options declared `secret=True`.
     - `resume_step`: on resume, the first step that will be logged again; records at steps >= it are
       dropped from metrics.jsonl and hidden in TensorBoard. None for a fresh run.
-    - `prometheus_host`: the address the Prometheus endpoint binds (0.0.0.0: scrapable from other hosts).
     - `strict`: let a failing sink's `log` error propagate instead of counting it.
     """
 
@@ -90,7 +89,6 @@ class Tracker:
         run_id: str,
         params: Mapping[str, Any] | Any,
         resume_step: int | None = None,
-        prometheus_host: str = "0.0.0.0",
         strict: bool = False,
     ):
         self.run_dir = Path(run_dir)
@@ -120,7 +118,7 @@ class Tracker:
             if cfg.use_prometheus:
                 from miles.tracking.prometheus_sink import PrometheusSink
 
-                self.prometheus = PrometheusSink(cfg, run_id=run_id, host=prometheus_host)
+                self.prometheus = PrometheusSink(cfg, run_id=run_id)
                 self.sinks.append(self.prometheus)
         except BaseException:
             self.finish("FAILED")  # close what was opened (files, a bound port) before re-raising

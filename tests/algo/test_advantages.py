@@ -160,3 +160,34 @@ def test_rewards_count_must_match_samples():
 
     with pytest.raises(ValueError, match="2 rewards for 1 samples"):
         compute_advantages_and_returns(make_cfg(), rewards=T([1.0, 2.0]), loss_masks=[T([1.0])], n_samples_per_prompt=1)
+
+
+def test_whiten_over_a_data_parallel_group_uses_the_whole_groups_statistics():
+    """Two ranks holding [1, 2] and [3] (plus a masked 9) whiten like one process holding all of it:
+    mean 2, Bessel var 1 -> [-1, 0] and [1]. Per-rank statistics would give [-0.707, 0.707] and [0]."""
+    import threading
+
+    shards = [([T([1.0, 2.0])], [T([1.0, 1.0])]), ([T([3.0, 9.0])], [T([1.0, 0.0])])]
+    barrier, pending, results = threading.Barrier(2), [None, None], [None, None]
+
+    def make_all_reduce(rank):
+        def all_reduce(t):  # the semantics of dist.all_reduce(SUM), across the two threads
+            pending[rank] = t.clone()
+            barrier.wait()
+            total = pending[0] + pending[1]
+            barrier.wait()
+            t.copy_(total)
+
+        return all_reduce
+
+    def rank_body(rank):
+        adv, masks = shards[rank]
+        results[rank] = whiten(adv, masks, all_reduce=make_all_reduce(rank))
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    close(results[0][0], [-1.0, 0.0], tol=1e-6)
+    close(results[1][0], [1.0, 0.0], tol=1e-6)

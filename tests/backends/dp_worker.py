@@ -47,7 +47,9 @@ def make_backend(hf_dir: str, rank: int, world_size: int):
             eps_clip_high=0.2, use_kl_loss=True, kl_loss_coef=0.1, calculate_per_token_loss=True,
             normalize_advantages=True, entropy_coef=0.01,
         ),
-        micro_batch_size=2, global_batch_size=8, num_steps_per_rollout=1, n_samples_per_prompt=2,
+        # 8 samples per prompt, 4 per rank: group statistics are taken on the rollout side, so a rank
+        # holding half a group must train (it used to raise "not whole groups").
+        micro_batch_size=2, global_batch_size=8, num_steps_per_rollout=1, n_samples_per_prompt=8,
         temperature=0.8, lr=1e-2, weight_decay=0.1, lr_warmup_iters=2,
     )
     return TorchBackend(cfg, rank=rank, world_size=world_size, device="cpu")

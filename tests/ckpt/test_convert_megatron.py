@@ -20,6 +20,7 @@ from miles.config.convert import ConvertOptions
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 IDS = torch.tensor([[3, 17, 42, 5, 88, 1, 64, 9, 30, 2, 71, 7]])
+LOGIT_TOL = 1e-5  # relative to the largest |logit|; see the TP=1 test for why
 
 
 def _convert(tmp_path, family, **kw):
@@ -37,13 +38,21 @@ def _hf_eager_logits(tmp_path):
 
 
 @pytest.mark.parametrize("family,kw", [("qwen3", {}), ("qwen2", {"tie_word_embeddings": True}), ("llama", {})])
-def test_tp1_logits_bit_exact_vs_hf_eager_and_wrong_mappings_fail(tmp_path, family, kw):
+def test_tp1_logits_match_hf_eager_within_tolerance_and_wrong_mappings_fail(tmp_path, family, kw):
     _convert(tmp_path, family, **kw)
     res = run_workers(1, tmp_path / "hf", tmp_path / "td" / "release", tmp_path)
     hf = _hf_eager_logits(tmp_path)
-    assert torch.equal(res["logits"], hf)  # bit-exact in fp32 at TP=1 against eager attention
+    # Two implementations (megatron-core's attention/MLP vs HF eager) compute the same fp32 sums in a
+    # different order, and which order a matmul uses depends on the CPU's kernels (AVX2 vs AVX-512, the
+    # thread split). Each logit comes out of dot products of length <= 64 over 2 layers (|logit| <= 0.6
+    # here), so a reordering moves it by a few fp32 ulps: 0.0 measured on a Xeon with AVX-512, 6e-8 on
+    # an AMD EPYC. LOGIT_TOL (1e-5 x max(1, max|logit|)) is >100x that, and a wrong mapping moves the
+    # logits by 3e-3 or more (measured; asserted > 100x the tolerance below), so the check keeps its power.
+    tol = LOGIT_TOL * max(1.0, hf.abs().max().item())
+    diff = (res["logits"] - hf).abs().max().item()
+    assert diff <= tol, f"{family}: megatron vs HF eager logits differ by {diff:.3g} > {tol:.3g}"
     for mistake in ("plain_qkv", "swapped_gate_up"):
-        assert (res[mistake] - hf).abs().max() > 1e-3, mistake
+        assert (res[mistake] - hf).abs().max() > 100 * tol, mistake
 
 
 def test_written_keys_are_exactly_what_gpt_model_asks_for_moe(tmp_path):
@@ -64,7 +73,7 @@ def test_tp1_checkpoint_loads_at_tp2_and_tp2_save_converts_back_bit_exact(tmp_pa
     model = _convert(tmp_path, "qwen3")
     res = run_workers(2, tmp_path / "hf", tmp_path / "td" / "release", tmp_path, save_dir=tmp_path / "tp2", timeout=180)
     hf = _hf_eager_logits(tmp_path)
-    assert (res["logits"] - hf).abs().max() <= 1e-5  # TP=2 sums partial matmuls in another order
+    assert (res["logits"] - hf).abs().max() <= LOGIT_TOL * max(1.0, hf.abs().max().item())  # TP=2: another sum order
     # The TP2-written checkpoint (sharded qkv / swiglu chunks) read back at TP1 by our reader:
     run_convert(ConvertOptions(from_format="torch_dist", to_format="hf", load=str(tmp_path / "tp2"),
                                origin_hf_dir=str(tmp_path / "hf"), save=str(tmp_path / "back")), progress=False)

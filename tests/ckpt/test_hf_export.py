@@ -86,3 +86,34 @@ def test_bf16_export_declares_its_dtype(tmp_path):
 def test_source_without_config_is_rejected(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         export_hf({"w": torch.zeros(1)}, tmp_path, tmp_path / "out")
+
+
+def test_a_killed_export_is_cleaned_by_the_next_one_and_a_live_ones_temp_is_kept(tmp_path):
+    """A real SIGKILL in the middle of an export leaves `<out>.tmp-<pid>`; the next export removes it."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    src = tmp_path / "src"
+    tiny_model(src, tie=False)
+    script = textwrap.dedent(
+        f"""
+        import os, signal, torch
+        import miles.ckpt.hf_export as hx
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        import safetensors.torch
+        safetensors.torch.save_file = die  # killed while writing the weights
+        hx.export_hf({{"w": torch.ones(3)}}, {str(src)!r}, {str(tmp_path / "hf_3")!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    left = [p for p in tmp_path.iterdir() if p.name.startswith("hf_3.tmp-")]
+    assert len(left) == 1 and (left[0] / "config.json").is_file()  # the kill left a partial export
+    live = tmp_path / f"hf_9.tmp-{os.getppid()}"  # a writer that is still running (the pytest parent)
+    live.mkdir()
+    export_hf({"model.embed_tokens.weight": torch.ones(32, 32)}, src, tmp_path / "hf_4")
+    assert not left[0].exists()
+    assert live.exists()

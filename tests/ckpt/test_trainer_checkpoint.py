@@ -57,15 +57,24 @@ def test_nothing_to_load(tmp_path):
     assert load_latest_checkpoint(tmp_path) is None
 
 
-def test_a_temp_dir_left_by_a_killed_save_is_ignored_and_removed(tmp_path):
+def _snapshot(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*"))
+
+
+def test_a_temp_dir_left_by_a_killed_save_is_ignored_by_readers_and_removed_by_the_next_save(tmp_path):
     save_checkpoint(tmp_path, 4, state(4), {"rid": 4})
-    # what a writer killed mid-save leaves: a temp directory with a partial state file, tracker untouched
+    # what a writer killed mid-save leaves (or a live writer has in progress): a temp directory with a
+    # partial state file, and a tracker temp file; the tracker itself is untouched
     partial = tmp_path / ".tmp-iter_0000005-4242"
     partial.mkdir()
     (partial / "trainer_state.pt").write_bytes(b"\x80\x02truncated")
+    (tmp_path / f".tmp-{TRACKER}-4242").write_text("5\n")
+    before = _snapshot(tmp_path)
     rollout_id, _, extra = load_latest_checkpoint(tmp_path)
     assert (rollout_id, extra) == (4, {"rid": 4})
-    assert not partial.exists()
+    assert _snapshot(tmp_path) == before  # a reader changes nothing
+    save_checkpoint(tmp_path, 5, state(5), {"rid": 5})
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
 
 
 def test_a_renamed_dir_without_tracker_update_is_not_loaded(tmp_path):
@@ -96,9 +105,9 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
     assert any(p.name.startswith(".tmp-iter_0000002") for p in tmp_path.iterdir())  # the kill left debris
     rollout_id, _, extra = load_latest_checkpoint(tmp_path)
     assert (rollout_id, extra) == (1, {"rid": 1})
-    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
-    save_checkpoint(tmp_path, 2, state(2), {"rid": 2})  # the next save works normally
+    save_checkpoint(tmp_path, 2, state(2), {"rid": 2})  # the next save works normally and cleans up
     assert read_tracker(tmp_path) == 2
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
 
 
 def test_keep_last_deletes_older_complete_checkpoints(tmp_path):
@@ -114,7 +123,11 @@ def test_resaving_an_id_replaces_it_and_an_interrupted_resave_is_recovered(tmp_p
     assert load_latest_checkpoint(tmp_path)[2] == {"v": 2}
     # killed between moving the old one aside and renaming the new one in
     os.rename(tmp_path / "iter_0000003", tmp_path / ".replaced-iter_0000003")
-    assert load_latest_checkpoint(tmp_path)[2] == {"v": 2}
+    before = _snapshot(tmp_path)
+    assert load_latest_checkpoint(tmp_path)[2] == {"v": 2}  # read where it lies ...
+    assert _snapshot(tmp_path) == before  # ... without renaming it back
+    save_checkpoint(tmp_path, 4, state(4), {"v": 4})  # the writer puts it back
+    assert list_checkpoints(tmp_path) == [3, 4] and not (tmp_path / ".replaced-iter_0000003").exists()
 
 
 def test_extra_that_is_not_json_fails_before_writing(tmp_path):
@@ -128,3 +141,11 @@ def test_tracker_naming_a_missing_checkpoint_is_a_user_error(tmp_path):
     (tmp_path / TRACKER).write_text("9\n")
     with pytest.raises(UserError, match="--load"):
         load_latest_checkpoint(tmp_path)
+
+
+def test_a_garbage_tracker_is_a_user_error_naming_the_flag(tmp_path):
+    save_checkpoint(tmp_path, 1, state(1), {})
+    (tmp_path / TRACKER).write_text("garbage\n")
+    with pytest.raises(UserError, match="--checkpoint .* holds 'garbage', not a rollout id") as info:
+        load_latest_checkpoint(tmp_path, flag="--checkpoint")
+    assert info.value.option == "--checkpoint"

@@ -126,3 +126,96 @@ def test_upstream_names_and_defaults_users_know():
     assert d["--mlflow-experiment-name"].default == "miles"
     assert d["--prometheus-port"].default == 9090 and d["--prometheus-port"].env == "PROMETHEUS_PORT"
     assert d["--offload-train"].kind == "tristate" and d["--offload-rollout"].kind == "tristate"
+
+
+# --- the rules themselves, written out by hand ------------------------------------------------
+# test_declared_rules_hold checks that resolve() applies each declaration, which it does generically:
+# an inverted declaration (offload *off* under --colocate) would still pass it. These expectations are
+# the rules as the help text states them, computed here independently of miles/config; the mutation
+# test below shows every derived option's rule is pinned by them.
+
+
+def hand_expected(values: dict) -> dict:
+    """Each derived option's value for these explicit values, from its help text by hand."""
+    defaults = {s.name: s.default for s in option_specs()}
+    v = {**defaults, **values}
+    samples = v["rollout_batch_size"] * v["n_samples_per_prompt"]
+    gbs, steps = values.get("global_batch_size"), values.get("num_steps_per_rollout")
+    if gbs is None and steps is None:
+        gbs, steps = samples, 1
+    elif gbs is None:
+        gbs = samples // steps
+    elif steps is None:
+        steps = samples // gbs
+    ctx = v["rollout_max_context_len"]
+    return {
+        "offload_train": bool(v["colocate"]),
+        "offload_rollout": bool(v["colocate"]),
+        "rollout_max_prompt_len": None if ctx is None else ctx - 1,
+        "over_sampling_batch_size": v["rollout_batch_size"],
+        "num_steps_per_rollout": steps,
+        "global_batch_size": gbs,
+        "eval_input_key": v["input_key"],
+        "eval_label_key": v["label_key"],
+        "eval_temperature": v["rollout_temperature"],
+        "eval_top_p": v["rollout_top_p"],
+        "eval_top_k": v["rollout_top_k"],
+        "eval_max_response_len": v["rollout_max_response_len"],
+        "eps_clip_high": v["eps_clip"],
+        "eval_reward_key": v["reward_key"],
+        "lr_decay_iters": v["num_rollout"] * steps,
+        "ref_load": v["hf_checkpoint"],
+    }
+
+
+def check_hand_rules() -> None:
+    """Every case: each derived option left unset has the hand-computed value (AssertionError if not)."""
+    for case in CASES:
+        values, cfg = _explicit_and_resolved(case)
+        for name, want in hand_expected(values).items():
+            if name not in values:
+                assert cfg.get(name) == want, f"{name} under {case}: {cfg.get(name)!r}, by hand {want!r}"
+
+
+def test_every_derived_option_has_a_hand_rule():
+    assert {s.name for s in option_specs() if s.derived is not None} == set(hand_expected(BASE))
+
+
+def test_hand_rules_hold():
+    check_hand_rules()
+
+
+def _wrong(value):
+    """A plausible wrong value: the other boolean, one off, another string, something instead of None."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "_x"
+    return 7
+
+
+WRONG_RULES = {
+    # the bugs named in the issue and their kind, each as a rule a careless edit could write
+    "offload_train": lambda c: not c.cluster.colocate,  # inverted: offload when NOT colocated
+    "offload_rollout": lambda c: False,  # never offload
+    "over_sampling_batch_size": lambda c: 2 * c.data.rollout_batch_size,
+    "rollout_max_prompt_len": lambda c: c.rollout.rollout_max_context_len,  # forgets the response token
+    "eps_clip_high": lambda c: 0.28,  # DAPO's clip-higher as a constant
+    "lr_decay_iters": lambda c: c.data.num_rollout,  # rollouts, not optimizer steps
+}
+
+
+@pytest.mark.parametrize("name", sorted(hand_expected(BASE)))
+def test_a_wrong_rule_is_caught(name):
+    spec = next(s for s in option_specs() if s.name == name)
+    right = spec.derived.rule
+    wrong = WRONG_RULES.get(name, lambda c: _wrong(right(c)))
+    object.__setattr__(spec.derived, "rule", wrong)  # Derived is frozen: patch it and restore below
+    try:
+        # caught by a hand rule, or by resolve()'s own checks rejecting what the wrong rule produced
+        with pytest.raises((AssertionError, UserError)):
+            check_hand_rules()
+    finally:
+        object.__setattr__(spec.derived, "rule", right)

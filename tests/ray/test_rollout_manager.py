@@ -54,7 +54,7 @@ def test_dynamic_filter_gets_the_reward_config_and_drops(setup):
     m = make(setup, dynamic_sampling_filter_path="tests.ray.test_rollout_manager.keep_only_group_zero", over_sampling_batch_size=4)
     out = m.generate(0)
     # groups 0..3 drawn: 0 kept, 1 dropped, 2 kept (batch full), 3 unused and given back
-    assert out["metrics"]["rollout/dropped/odd"] == 1.0
+    assert out["metrics"]["rollout/dynamic_filter/drop_odd"] == 1.0
     assert len(m.data_source) == 1
     assert all(i // 2 % 2 == 0 for i in out["train_data"]["sample_indices"])
 
@@ -86,3 +86,13 @@ def test_data_position_round_trips(setup):
     b = make(setup, rollout_shuffle=True)
     b.load_state_dict(json.loads(json.dumps(state)))
     assert a.generate(1)["train_data"]["tokens"] == b.generate(1)["train_data"]["tokens"]
+
+
+def test_eval_reports_accuracy_only_for_right_or_wrong_rewards(setup):
+    """exact_match is right/wrong: accuracy = reward > 0. f1 is fractional: "reward > 0" would count a
+    partly right answer as correct, so only the mean reward is reported."""
+    binary = make(setup).eval(0)
+    assert "eval/arith/accuracy" in binary and "eval/arith/reward" in binary
+    fractional = make(setup, rm_type="f1").eval(0)
+    assert "eval/arith/reward" in fractional and "eval/arith/accuracy" not in fractional
+    assert 0.0 <= fractional["eval/arith/reward"] <= 1.0

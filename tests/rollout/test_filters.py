@@ -27,11 +27,16 @@ def group(*rewards, status=SampleStatus.COMPLETED) -> list[Sample]:
     "rewards, expected",
     [
         ((1.0, 0.0, 1.0, 1.0), FilterResult(True)),
-        ((1.0, 1.0, 1.0, 1.0), FilterResult(False, "zero_std_1")),
-        ((0.0, 0.0), FilterResult(False, "zero_std_0")),
+        ((1.0, 1.0, 1.0, 1.0), FilterResult(False, "zero_std_1.0")),
+        ((0.0, 0.0), FilterResult(False, "zero_std_0.0")),
         ((0.5, 0.5, 0.5), FilterResult(False, "zero_std_0.5")),
-        ((-1.0, -1.0), FilterResult(False, "zero_std_-1")),
-        ((1.0,), FilterResult(False, "zero_std_1")),  # one sample has no spread (n_samples_per_prompt == 1)
+        ((-1.0, -1.0), FilterResult(False, "zero_std_-1.0")),
+        ((1.0,), FilterResult(False, "zero_std_1.0")),  # one sample has no spread (n_samples_per_prompt == 1)
+        # continuous rewards (f1) are rounded to one decimal, as upstream does: one reason per bucket
+        ((0.4231, 0.4231), FilterResult(False, "zero_std_0.4")),
+        ((0.4449, 0.4449), FilterResult(False, "zero_std_0.4")),
+        ((0.66666, 0.66666), FilterResult(False, "zero_std_0.7")),
+        ((-0.04, -0.04), FilterResult(False, "zero_std_0.0")),  # not "-0.0"
         ((0.3, 0.3 + 1e-9), FilterResult(False, "zero_std_0.3")),  # std 5e-10 is below the 1e-8 threshold
         ((0.3, 0.3 + 1e-7), FilterResult(True)),  # std 5e-8 is above it
     ],
@@ -44,7 +49,7 @@ def test_nonzero_std_uses_reward_key_for_dict_rewards():
     g = [Sample(reward={"score": 1.0, "acc": True}), Sample(reward={"score": -1.0, "acc": False})]
     assert check_reward_nonzero_std(RewardConfig(reward_key="score"), g).keep
     same = [Sample(reward={"score": 1.0, "acc": True}), Sample(reward={"score": 1.0, "acc": False})]
-    assert check_reward_nonzero_std(RewardConfig(reward_key="score"), same) == FilterResult(False, "zero_std_1")
+    assert check_reward_nonzero_std(RewardConfig(reward_key="score"), same) == FilterResult(False, "zero_std_1.0")
 
 
 def test_check_no_aborted():

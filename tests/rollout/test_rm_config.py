@@ -61,7 +61,8 @@ def test_eval_reward_key_is_derived_from_reward_key():
 def test_flag_names_match_upstream():
     names = [flag_name(f) for f in dataclasses.fields(RewardConfig)]
     assert names == [
-        "--rm-type", "--reward-key", "--eval-reward-key", "--group-rm", "--rm-url", "--rm-timeout",
+        "--rm-type", "--math-free-text-fallback",  # (the fallback is ours: upstream has no free-text grading)
+        "--reward-key", "--eval-reward-key", "--group-rm", "--rm-url", "--rm-timeout",
         "--rm-max-retries", "--custom-rm-path", "--custom-reward-post-process-path",
         "--custom-convert-samples-to-train-data-path",
     ]  # fmt: skip

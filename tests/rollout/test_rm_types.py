@@ -54,9 +54,9 @@ def test_last_boxed_content(text, expected):
 @pytest.mark.parametrize(
     "response, label, expected",
     [
-        ("\\frac{1}{2}", "0.5", 1.0),
-        ("So the result is $0.5$.", "\\frac{1}{2}", 1.0),
-        ("2", "3", 0.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("So the result is $\\boxed{0.5}$.", "\\frac{1}{2}", 1.0),
+        ("\\boxed{2}", "3", 0.0),
         ("The answer is \\boxed{2,3}", "\\{2,3\\}", 1.0),
         ("We expand: \\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
         ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt2}{2}", 1.0),
@@ -69,6 +69,34 @@ def test_last_boxed_content(text, expected):
 )
 def test_math(response, label, expected):
     assert reward("math", response, label) == expected
+
+
+@pytest.mark.parametrize(
+    "response, label",
+    [
+        ("so x = 12. Then we check whether 12 satisfies", "12"),  # truncated before it committed
+        ("<think>x is 12</think>", "12"),  # the answer only in the reasoning, never boxed
+        ("So the result is $0.5$.", "\\frac{1}{2}"),
+    ],
+)
+def test_math_without_a_closed_box_scores_zero_unless_the_fallback_is_asked_for(response, label):
+    # Upstream's grader: no committed (boxed) answer, no reward. --math-free-text-fallback grades the
+    # free text instead, so each of these (a correct number somewhere in the text) then earns 1.
+    assert reward("math", response, label) == 0.0
+    cfg = RewardConfig(rm_type="math", math_free_text_fallback=True)
+    assert asyncio.run(compute_reward(cfg, Sample(response=response, label=label))) == 1.0
+
+
+def test_math_a_box_left_open_by_truncation_is_no_box():
+    assert reward("math", "the answer is \\boxed{12", "12") == 0.0
+
+
+def test_math_free_text_fallback_is_rejected_where_it_would_do_nothing():
+    RewardConfig(rm_type="math", math_free_text_fallback=True).check()
+    for kwargs in ({"rm_type": "boxed_math"}, {"rm_type": "f1"}, {"rm_type": "math", "custom_rm_path": "m.fn"}):
+        with pytest.raises(UserError, match="--math-free-text-fallback") as e:
+            RewardConfig(math_free_text_fallback=True, **kwargs).check()
+        assert e.value.option == "--math-free-text-fallback"
 
 
 def test_math_works_off_the_main_thread():
@@ -87,10 +115,10 @@ def test_math_without_label_is_a_data_error_naming_the_flag():
 
 
 def test_boxed_prefix_scores_only_the_last_box():
-    # With a box, both take the last one; without a box, math reads the free text but boxed_math scores 0.
+    # With a box, both take the last one; without a box, both score 0.
     assert reward("boxed_math", "I guess 2... \\boxed{3}", "3") == 1.0
     assert reward("boxed_math", "\\boxed{3} no wait \\boxed{2}", "3") == 0.0
-    assert reward("math", "the answer is 3", "3") == 1.0
+    assert reward("math", "the answer is 3", "3") == 0.0
     assert reward("boxed_math", "the answer is 3", "3") == 0.0
     assert reward("boxed_exact_match", "work... \\boxed{ 12 }", "12") == 1.0
 
@@ -133,10 +161,45 @@ def test_dapo_label_is_read_as_an_integer_and_only_the_tail_counts():
 
 @pytest.mark.parametrize(
     "raw, normalized",
-    [("$5$", "5"), ("\\text{5}.", "5"), ("x=\\boxed{12}", "12"), ("90^\\circ", "90"), ("1,234,567", "1234567"), ("1,2", "1,2")],
+    [
+        ("$5$", "5"), ("\\text{5}.", "5"), ("x=\\boxed{12}", "12"), ("90^\\circ", "90"), ("1,234,567", "1234567"),
+        ("1,2", "1,2"),  # a pair, not a thousands separator
+        # units and counted words, as whole words (the DAPO grader's normalisation)
+        ("42 degrees", "42"), ("12 cm", "12"), ("5 dollars", "5"), ("12 \\text{cm}", "12"), ("8 \\text{ cm}^2", "8"),
+        ("\\$5", "5"), ("10\\%", "10"), ("an 8", "8"),
+        # the first $...$ span of a sentence, and Minerva's wrapper sentence
+        ("The final answer is $42$. I hope it is correct.", "42"),
+        ("The final answer is 42. I hope it is correct.", "42"),
+        ("it is $x = 7$ since $y$", "7"),
+        # TeX shorthand
+        ("\\frac12", "\\frac{1}{2}"), ("\\dfrac{1}{2}", "\\frac{1}{2}"), ("\\sqrt2", "\\sqrt{2}"),
+    ],
 )
 def test_dapo_normalization(raw, normalized):
     assert normalize_answer(raw) == normalized
+
+
+@pytest.mark.parametrize(
+    "response, label",
+    [
+        ("so the angle is\nAnswer: 42 degrees", "42"),
+        ("Answer: 12 cm", "12"),
+        ("Answer: 5 dollars", "5"),
+        ("Final Answer: The final answer is $42$. I hope it is correct.", "42"),
+        ("... The final answer is $42$. I hope it is correct.", "42"),  # Minerva's sentence without "Answer:"
+        ("Answer: 0.5", "0.5"),  # non-integer labels stay as they are (not int("0.5") -> 0)
+        ("Answer: \\frac12", "\\frac{1}{2}"),
+        ("Answer: 34.0", "34"),
+    ],
+)
+def test_dapo_accepts_what_the_dapo_grader_accepts(response, label):
+    assert reward("dapo", response, label)["score"] == 1.0
+
+
+def test_dapo_rejects_near_misses():
+    assert reward("dapo", "Answer: 0", "0.5")["score"] == -1.0  # 0.5 is not truncated to 0
+    assert reward("dapo", "Answer: 43 degrees", "42")["score"] == -1.0
+    assert reward("dapo", "Answer: $$", "")["score"] == -1.0  # nothing never matches nothing
 
 
 # --- f1 -----------------------------------------------------------------------------------------

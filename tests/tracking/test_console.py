@@ -29,6 +29,12 @@ def test_full_summary_line() -> None:
     )
 
 
+def test_eval_without_accuracy_shows_its_mean_reward() -> None:
+    # f1 (fractional) reports no accuracy: the line shows the mean reward, labelled as such.
+    metrics = {"eval/squad/reward": 0.4321, "eval/arith/accuracy": 0.5, "eval/arith/reward": 0.5}
+    assert format_step_summary(1, metrics) == "step 1 · eval arith 0.500 · eval squad reward 0.432"
+
+
 def test_absent_metrics_are_left_out() -> None:
     assert format_step_summary(0, {"eval/arith/accuracy": 1.0}) == "step 0 · eval arith 1.000"
     assert format_step_summary(5, {"perf/rollout_tokens_per_s": 999.0}) == "step 5 · gen 999 tok/s"

@@ -46,7 +46,7 @@ def test_table_is_complete_unique_and_prefixed() -> None:
 
 def test_is_documented_expands_placeholders_by_one_segment() -> None:
     assert is_documented("eval/gsm8k/accuracy")
-    assert is_documented("rollout/dropped/zero_std")
+    assert is_documented("rollout/dynamic_filter/drop_zero_std_1.0")
     assert is_documented("train/mis_tis_weight_after_bound")
     assert not is_documented("eval/a/b/accuracy")  # a placeholder is one path segment
     assert not is_documented("eval/gsm8k/accuracyx")

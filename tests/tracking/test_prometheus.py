@@ -1,4 +1,5 @@
-"""Prometheus endpoint: real HTTP GETs on a free port, exact exposition text, port-in-use and shutdown."""
+"""Prometheus endpoint: real HTTP GETs on a free port, exact exposition text, the bind address,
+port-in-use and shutdown. Served by prometheus_client."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import pytest
 from miles.config.tracking import TrackingConfig
 from miles.errors import UserError
 from miles.tracking import Tracker
-from miles.tracking.prometheus_sink import exposition
 
 
-def _get(port: int, path: str = "/metrics") -> tuple[str, str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+def _get(host: str, port: int, path: str = "/metrics") -> tuple[str, str]:
+    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as r:
         return r.headers["Content-Type"], r.read().decode()
 
 
@@ -26,15 +26,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _other_local_address() -> str | None:
+    """An address of this machine other than loopback (to check the endpoint is not bound to it)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
 def test_endpoint_serves_latest_gauges(run_dir: Path) -> None:
     port = _free_port()
     cfg = TrackingConfig(use_prometheus=True, prometheus_port=port, prometheus_run_name='exp "7"')
-    t = Tracker(cfg, run_dir=run_dir, run_id="r", params={}, prometheus_host="127.0.0.1")
+    t = Tracker(cfg, run_dir=run_dir, run_id="r", params={})
     assert t.prometheus.port == port
     t.log({"rollout/raw_reward": 0.25, "eval/gsm8k-x/pass@4": 1}, step=1)
-    t.log({"rollout/raw_reward": 0.75, "train/grad_norm": float("inf")}, step=2)
-    content_type, body = _get(port)
-    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    t.log({"rollout/raw_reward": 0.75, "train/grad_norm": float("inf"), "train/nan": float("nan")}, step=2)
+    content_type, body = _get("127.0.0.1", port)
+    assert content_type.startswith("text/plain; version=0.0.4")
     label = '{run_name="exp \\"7\\""}'
     assert body == (
         "# HELP miles_metric_eval_gsm8k_x_pass_at_4 eval/gsm8k-x/pass@4\n"
@@ -46,21 +57,47 @@ def test_endpoint_serves_latest_gauges(run_dir: Path) -> None:
         "# HELP miles_metric_train_grad_norm train/grad_norm\n"
         "# TYPE miles_metric_train_grad_norm gauge\n"
         f"miles_metric_train_grad_norm{label} +Inf\n"
+        "# HELP miles_metric_train_nan train/nan\n"
+        "# TYPE miles_metric_train_nan gauge\n"
+        f"miles_metric_train_nan{label} NaN\n"
         "# HELP miles_step last logged step\n"
         "# TYPE miles_step gauge\n"
         f"miles_step{label} 2.0\n"
     )
-    with pytest.raises(urllib.error.HTTPError) as err:
-        _get(port, "/other")
-    assert err.value.code == 404
+    assert body == t.prometheus.page()
     assert t.finish() == {}
     with pytest.raises(urllib.error.URLError):  # finish() stopped the server
-        _get(port)
+        _get("127.0.0.1", port)
 
 
-def test_run_name_defaults_to_run_id_and_nan_is_spelled_nan() -> None:
-    assert exposition({"g": ("k", float("nan"))}, "run-1").splitlines()[-1] == 'g{run_name="run-1"} NaN'
-    assert exposition({}, "x") == "\n"
+def test_bound_to_loopback_by_default(run_dir: Path) -> None:
+    """Nothing is exposed to other hosts unless --prometheus-host says so."""
+    assert TrackingConfig().prometheus_host == "127.0.0.1"
+    port = _free_port()
+    t = Tracker(TrackingConfig(use_prometheus=True, prometheus_port=port), run_dir=run_dir, run_id="r", params={})
+    try:
+        assert t.prometheus.server.server_address[0] == "127.0.0.1"
+        other = _other_local_address()
+        if other is not None:
+            with pytest.raises(urllib.error.URLError):
+                _get(other, port)
+    finally:
+        t.finish()
+    t = Tracker(
+        TrackingConfig(use_prometheus=True, prometheus_port=port, prometheus_host="0.0.0.0"), run_dir=run_dir, run_id="r", params={}
+    )
+    try:
+        assert t.prometheus.server.server_address[0] == "0.0.0.0"
+        assert "miles" not in _get("127.0.0.1", port)[1]  # served (empty) on every interface
+    finally:
+        t.finish()
+
+
+def test_host_that_is_not_local_is_a_user_error(run_dir: Path) -> None:
+    cfg = TrackingConfig(use_prometheus=True, prometheus_port=_free_port(), prometheus_host="203.0.113.1")  # TEST-NET-3
+    with pytest.raises(UserError, match="--prometheus-host 203.0.113.1 is not an address of this machine") as info:
+        Tracker(cfg, run_dir=run_dir, run_id="r", params={})
+    assert info.value.option == "--prometheus-host"
 
 
 def test_port_in_use_is_a_user_error_and_earlier_sinks_are_closed(mlflow_run_dir: Path) -> None:
@@ -70,7 +107,7 @@ def test_port_in_use_is_a_user_error_and_earlier_sinks_are_closed(mlflow_run_dir
         port = busy.getsockname()[1]
         cfg = TrackingConfig(use_mlflow=True, use_prometheus=True, prometheus_port=port)
         with pytest.raises(UserError, match=f"--prometheus-port {port} is already in use") as info:
-            Tracker(cfg, run_dir=mlflow_run_dir, run_id="r", params={}, prometheus_host="127.0.0.1")
+            Tracker(cfg, run_dir=mlflow_run_dir, run_id="r", params={})
     assert info.value.option == "--prometheus-port"
     # The MLflow run opened before the failing sink was closed, marked FAILED, not left RUNNING.
     from mlflow.tracking import MlflowClient

@@ -106,7 +106,7 @@ def test_all_sinks_at_once_get_the_same_numbers(mlflow_run_dir: Path, monkeypatc
     )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     cfg = TrackingConfig(use_mlflow=True, use_tensorboard=True, use_wandb=True, use_prometheus=True, prometheus_port=0)
-    kw = {"run_id": "all", "params": {"seed": 1}, "prometheus_host": "127.0.0.1", "strict": True}
+    kw = {"run_id": "all", "params": {"seed": 1}, "strict": True}
     with Tracker(cfg, run_dir=mlflow_run_dir, **kw) as t:
         t.log({"rollout/raw_reward": 0.625}, step=4)
         page = urllib.request.urlopen(f"http://127.0.0.1:{t.prometheus.port}/metrics", timeout=5).read().decode()

@@ -108,15 +108,23 @@ def layout_inputs(batch: PackedBatch, layout: Layout, pad_id: int = 0) -> dict[s
     }
 
 
+def scale_logits_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits / temperature`, the distribution the engine sampled from; temperature 0 (greedy) and 1
+    return `logits` itself (engines report unscaled log-probs for greedy rows)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0 or temperature == 1.0:
+        return logits
+    return logits / temperature
+
+
 def log_probs_from_logits(
     logits: torch.Tensor, targets: torch.Tensor, *, temperature: float, with_entropy: bool, entropy_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [R] of `targets` under `logits` [R, V] / temperature, and the entropy [R] if asked."""
     from miles.algo.entropy import entropy_from_logits
 
-    logits = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    logits = scale_logits_by_temperature(logits.float(), temperature)
     # One fused log-softmax: its backward needs only its output, so the [R, V] logits can be freed
     # (the same memory a logsumexp-based gather would keep alive) and no op re-exponentiates them.
     logp = torch.log_softmax(logits, dim=-1)

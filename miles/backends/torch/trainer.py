@@ -48,7 +48,6 @@ from miles.backends.torch.batching import StepPlan, plan_steps
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
 from miles.backends.torch.optim import LRSchedule, build_optimizer
 from miles.backends.torch.rng import seed_everything
-from miles.errors import UserError
 
 if TYPE_CHECKING:
     from miles.config.engine import EngineConfig
@@ -200,13 +199,8 @@ class TorchBackend(TrainerBackend):
         local = [i for p in plans for i in p.local_indices]
         batches = {tuple(mb): pack_samples(train_data, mb, self.device) for p in plans for mb in p.micro_batches}
         if not self.is_sft:
-            if len(local) % d.n_samples_per_prompt:
-                raise UserError(
-                    f"each of the {self.world_size} training workers gets {len(local)} samples of rollout "
-                    f"{rollout_id}, not whole groups of --n-samples-per-prompt {d.n_samples_per_prompt}; make "
-                    "--global-batch-size / workers a multiple of --n-samples-per-prompt.",
-                    option="--global-batch-size",
-                )
+            # No whole-groups requirement: group statistics were taken over whole groups on the rollout
+            # side and every estimator here works per sample, so a rank may hold part of a group.
             self._prepare_policy_inputs(train_data, plans, local, batches)
 
         step_metrics = [self._optimizer_step(train_data, plan, batches) for plan in plans]

@@ -104,6 +104,7 @@ async def compute_reward(cfg: RewardConfig, sample: Sample) -> Reward:
         sample=sample,
         rm_type=rm_type,
         answer_only=boxed,
+        free_text_fallback=cfg.math_free_text_fallback,
     )
     if base == "remote_rm":
         return await remote_reward(cfg, inp)

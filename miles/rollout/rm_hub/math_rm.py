@@ -4,8 +4,12 @@ Answer extraction and equivalence are math-verify's (a maintained LaTeX/sympy gr
 equals `0.5`, `\\{2,3\\}` equals `2,3`, `(x+1)^2` equals `x^2+2x+1`. We only decide *which text* is
 the answer:
 
-- `math`: the content of the response's last `\\boxed{}` when there is one, else math-verify's own
-  extraction from the free text (its last number or LaTeX expression). Score 1.0 or 0.0.
+- `math`: the content of the response's last closed `\\boxed{}` (upstream's rule). A response with
+  no closed box scores 0.0, as upstream's grader does: a truncated response ("so x = 12. Then we
+  check whether 12 satisfies") or an answer stated only in passing has not committed to an answer,
+  and scoring it 0 is what teaches a model to finish and box its answer. With
+  `--math-free-text-fallback` such a response is graded on math-verify's own extraction from the
+  free text (its last number or LaTeX expression) instead. Score 1.0 or 0.0.
 - `deepscaler` (upstream semantics): only the text after the last `</think>` (or after `###Response`)
   counts, it must hold a `\\boxed{}` answer, else 0.0; then graded like `math`.
 
@@ -67,7 +71,12 @@ def math_reward(inp: RewardInput) -> float:
         pred = _parse_bare_answer(inp.response)
     else:
         boxed = last_boxed_content(inp.response)
-        pred = _parse_bare_answer(boxed) if boxed is not None else _parse_free_text(inp.response)
+        if boxed is not None:
+            pred = _parse_bare_answer(boxed)
+        elif inp.free_text_fallback:
+            pred = _parse_free_text(inp.response)
+        else:
+            return 0.0  # no committed answer (see the module docstring)
     return 1.0 if answers_equal(pred, gold) else 0.0
 
 

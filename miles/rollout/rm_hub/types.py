@@ -25,6 +25,8 @@ class RewardInput:
     """The effective reward type, as written (e.g. "boxed_math"), for error messages."""
     answer_only: bool = False
     """True when `response` is already a bare answer (the boxed_ prefix extracted it)."""
+    free_text_fallback: bool = False
+    """`--math-free-text-fallback`: `math` grades a response without a closed box on its free text."""
 
     def label_text(self) -> str:
         """The label as text; a missing label is a data error, not a wrong answer."""

@@ -1,0 +1,155 @@
+"""Check every input a run reads before anything starts (no Ray, no model load, nothing written).
+
+    check_inputs(cfg, command="train", checkpoint=None, pending=[...])
+
+Each problem is a `UserError` naming the option and the fix (exit 2, one sentence). Checked:
+
+- `--hf-checkpoint` (and `--ref-load` when a KL term loads the reference model) is a Hugging Face
+  model directory (config.json);
+- `--prompt-data` and every `--eval-prompt-data` file exists and every row parses and has
+  `--input-key` (and `--label-key` when set), read the way the run reads it;
+- `--load` (a resume) and `miles eval --checkpoint` hold a readable tracker naming a complete checkpoint;
+- every hook path (`--custom-rm-path`, `--dynamic-sampling-filter-path`, ...) imports;
+- `--use-prometheus`: `--prometheus-host`:`--prometheus-port` can be bound now.
+
+`pending` lists the directories that `miles full-train`'s prepare steps have yet to create: inputs
+inside them are checked after those steps ran, not before. `--dry-run` runs the same checks.
+Reads files only; imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+from typing import Any, Iterable
+
+from miles.ckpt.checkpoint_dir import TRACKER, latest_checkpoint
+from miles.errors import MissingInput, UserError
+
+HOOK_OPTIONS = (
+    ("rollout", "dynamic_sampling_filter_path"),
+    ("reward", "custom_rm_path"),
+    ("reward", "custom_reward_post_process_path"),
+    ("reward", "custom_convert_samples_to_train_data_path"),
+    ("algo", "custom_loss_function_path"),
+    ("algo", "custom_tis_function_path"),
+)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _is_pending(path: str | Path, pending: Iterable[Path]) -> bool:
+    p = Path(path).absolute()
+    return any(p == d or d in p.parents for d in pending)
+
+
+def _hf_dir(path: str | None, flag: str, hint: str = "") -> None:
+    if not path or not Path(path).exists():
+        raise MissingInput(f"{flag} {path} does not exist; point it at a Hugging Face model directory.{hint}", option=flag)
+    if not (Path(path) / "config.json").is_file():
+        raise UserError(f"{flag} {path} is not a Hugging Face model directory (no config.json); point it at one.{hint}", option=flag)
+
+
+def _rows(path: str, *, flag: str, input_key: str, label_key: str | None) -> None:
+    """Every row of a prompt file, parsed as the run parses it, with the keys the run reads."""
+    from miles.rollout.data_source import _read_rows
+
+    count = 0
+    for where, row in _read_rows(Path(path), flag):
+        count += 1
+        if input_key not in row:
+            raise UserError(
+                f"{where}: no key {input_key!r} (the row has {sorted(row)}); set --input-key to the key holding the prompt.",
+                option="--input-key" if flag == "--prompt-data" else "--eval-input-key",
+            )
+        if label_key is not None and label_key not in row:
+            raise UserError(
+                f"{where}: no key {label_key!r} (the row has {sorted(row)}); set --label-key to the key holding the answer.",
+                option="--label-key" if flag == "--prompt-data" else "--eval-label-key",
+            )
+    if count == 0:
+        raise UserError(f"{flag} {path}: it has no rows; give a file with at least one prompt.", option=flag)
+
+
+def _checkpoint_dir(path: str, flag: str) -> None:
+    """A directory that may hold checkpoints: unreadable or garbage trackers are caught here."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {path} is a file, not a checkpoint directory; point {flag} at a directory.", option=flag)
+    latest_checkpoint(p, flag=flag)
+
+
+def _hooks(cfg: Any) -> None:
+    from miles.utils.load_function import load_function
+
+    for group, name in HOOK_OPTIONS:
+        value = getattr(getattr(cfg, group), name, None)
+        if value:
+            load_function(value, flag=_flag(name))
+
+
+def _port(host: str, port: int) -> None:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the run binds it the same way
+            s.bind((host, port))
+    except socket.gaierror as e:
+        raise UserError(f"--prometheus-host {host} is not a valid address ({e.strerror}); use 127.0.0.1 or 0.0.0.0.", option="--prometheus-host") from None
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise UserError(f"--prometheus-port {port} is already in use on {host}; pick a free port.", option="--prometheus-port") from None
+        if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+            raise UserError(
+                f"--prometheus-host {host} is not an address of this machine; use 127.0.0.1, 0.0.0.0 or one of this host's addresses.",
+                option="--prometheus-host",
+            ) from None
+        raise
+
+
+def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pending: Iterable[Path] = ()) -> None:
+    """Raise a `UserError` for the first input of this run that is missing or unreadable (see module doc)."""
+    pending = [Path(p).absolute() for p in pending]
+    hint = " Run `miles full-train` to prepare it." if command == "train" else ""
+    r, d, e = cfg.rollout, cfg.data, cfg.eval
+    if checkpoint and (Path(checkpoint) / "config.json").is_file():
+        pass  # `miles eval --checkpoint HF_DIR` evaluates that model instead of --hf-checkpoint
+    elif not (r.hf_checkpoint and _is_pending(r.hf_checkpoint, pending)):
+        _hf_dir(r.hf_checkpoint, "--hf-checkpoint", hint)
+    if command != "eval":
+        if d.prompt_data is None:
+            raise UserError("--prompt-data is required to train; give a .jsonl or .parquet file.", option="--prompt-data")
+        if not _is_pending(d.prompt_data, pending):
+            if not Path(d.prompt_data).is_file():
+                raise MissingInput(f"--prompt-data {d.prompt_data} does not exist; give a .jsonl or .parquet file.{hint}", option="--prompt-data")
+            _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=d.label_key)
+        a = cfg.algo
+        if (a.use_kl_loss or a.kl_coef != 0) and cfg.ckpt.ref_load and not _is_pending(cfg.ckpt.ref_load, pending):
+            _hf_dir(cfg.ckpt.ref_load, "--ref-load", " --use-kl-loss and --kl-coef read the reference model from there.")
+        if cfg.ckpt.load:
+            _checkpoint_dir(cfg.ckpt.load, "--load")
+        if cfg.ckpt.save and cfg.ckpt.save != cfg.ckpt.load:
+            _checkpoint_dir(cfg.ckpt.save, "--save")
+    pairs = e.eval_prompt_data or []
+    for name, path in zip(pairs[0::2], pairs[1::2]):
+        if not _is_pending(path, pending):
+            if not Path(path).is_file():
+                raise MissingInput(f"--eval-prompt-data {name} {path}: no such file; give a .jsonl or .parquet file.{hint}", option="--eval-prompt-data")
+            _rows(path, flag="--eval-prompt-data", input_key=e.eval_input_key or d.input_key, label_key=e.eval_label_key or d.label_key)
+    if checkpoint:
+        p = Path(checkpoint)
+        if not p.exists():
+            raise MissingInput(f"--checkpoint {p} does not exist; give a Hugging Face model directory or a run's checkpoint directory.", option="--checkpoint")
+        if not (p / "config.json").is_file():
+            if not (p / TRACKER).is_file():
+                raise UserError(
+                    f"--checkpoint {p} is neither a Hugging Face model directory (config.json) nor a miles checkpoint "
+                    f"directory ({TRACKER}).",
+                    option="--checkpoint",
+                )
+            _checkpoint_dir(checkpoint, "--checkpoint")
+    _hooks(cfg)
+    if command != "eval" and cfg.tracking.use_prometheus:
+        _port(cfg.tracking.prometheus_host, cfg.tracking.prometheus_port)
