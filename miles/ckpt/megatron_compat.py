@@ -176,6 +176,25 @@ def _patches() -> list[tuple[str, str, Callable[..., Any]]]:
     ]
 
 
+def _with_cuda_as_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` while `Tensor.cuda()` returns the tensor itself: a tied model split over pipeline
+    stages moves the output layer's copy of the embedding with `.data.cuda()` before all-reducing it."""
+    import functools
+
+    import torch
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        real = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda self, *a, **k: self
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.Tensor.cuda = real
+
+    return wrapper
+
+
 def _training_patches() -> list[tuple[str, str, Any]]:
     import torch
 
@@ -185,7 +204,10 @@ def _training_patches() -> list[tuple[str, str, Any]]:
     dist_opt = importlib.import_module("megatron.core.optimizer.distrib_optimizer").DistributedOptimizer
     build = dist_opt.__dict__["_build_model_and_main_param_groups"]
     out.append(("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer", "_build_model_and_main_param_groups",
-                staticmethod(_with_cuda_type_names(build.__func__))))
+                type(build)(_with_cuda_type_names(build.__func__))))  # keep it a classmethod/staticmethod
+    lm = importlib.import_module("megatron.core.models.common.language_module.language_module").LanguageModule
+    out.append(("megatron.core.models.common.language_module.language_module.LanguageModule",
+                "setup_embeddings_and_output_layer", _with_cuda_as_cpu(lm.__dict__["setup_embeddings_and_output_layer"])))
     return out
 
 

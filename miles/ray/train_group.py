@@ -42,6 +42,10 @@ class TrainWorker:
         from miles.backends.torch.trainer import TorchTrainer
 
         self.cfg = cfg
+        if cfg.train.train_backend == "megatron":  # a TrainerBackend (miles/backends/base.py)
+            from miles.backends.megatron.trainer import MegatronTrainer
+            self.trainer = MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
+            return
         self.trainer = TorchTrainer(
             cfg.rollout.hf_checkpoint,
             optimizer_cfg=cfg.optimizer,

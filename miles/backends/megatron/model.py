@@ -52,7 +52,7 @@ def transformer_config(shape: ModelShape, opts: ParallelOptions):
     moe = {}
     if shape.is_moe:
         moe = dict(num_moe_experts=shape.num_experts, moe_ffn_hidden_size=shape.moe_ffn_hidden_size,
-                   moe_router_topk=shape.moe_router_topk, moe_token_dispatcher_type="alltoall" if opts.pipeline_model_parallel_size > 1 else "allgather",
+                   moe_router_topk=shape.moe_router_topk,
                    moe_router_pre_softmax=not shape.moe_norm_topk_prob, moe_grouped_gemm=False,
                    moe_shared_expert_intermediate_size=shape.shared_expert_ffn_hidden_size or None,
                    moe_shared_expert_gate=shape.shared_expert_gate)
@@ -84,6 +84,8 @@ def transformer_config(shape: ModelShape, opts: ParallelOptions):
         sequence_parallel=opts.sequence_parallel,
         # Packed micro-batches have different lengths: pipeline stages exchange shapes first.
         variable_seq_lengths=opts.pipeline_model_parallel_size > 1,
+        # megatron-core checks this even for dense models: allgather cannot take variable lengths.
+        moe_token_dispatcher_type="alltoall" if opts.pipeline_model_parallel_size > 1 else "allgather",
         **moe, **recompute, **extra,
     )
 

@@ -88,7 +88,7 @@ class TorchReference:
                     loss, _ = fn(a, log_probs=lps, old_log_probs=[old[i] for i in mb], advantages=[adv[i] for i in mb],
                                  loss_masks=[masks[i] for i in mb], entropy=ents, normalizer=float(gbs))
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             clip = self.cfg.optimizer.clip_grad
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
             for group in self.opt.param_groups:
