@@ -82,7 +82,12 @@ def _check_megatron(cfg: EngineConfig) -> None:
     from miles.backends.megatron.parallel import check_hardware, check_layout
 
     c = cfg.cluster
-    check_layout(cfg, c.actor_num_nodes * c.actor_num_gpus_per_node)
+    world = c.actor_num_nodes * c.actor_num_gpus_per_node
+    # TrainWorker still reads weights and checkpoints from rank 0 alone; megatron's are collective.
+    # Drop this check once miles/ray/train_group.py drives the TrainerBackend interface.
+    _require(world == 1, "--train-backend megatron runs with one training worker in this build (the driver does not "
+             "yet run its collective weight sync and checkpoints); use --actor-num-gpus-per-node 1.", "--actor-num-gpus-per-node")
+    check_layout(cfg, world)
     if c.device == "cpu":  # with "auto" the trainer checks once it knows the device
         check_hardware(cfg, cuda=False)
 

@@ -26,6 +26,7 @@ BAD = [
     (["train", "--train-backend", "megatron", "--fp8-format", "hybrid"], "--fp8-format"),
     (["train", "--train-backend", "megatron", "--attention-backend", "flash"], "--attention-backend"),
     (["train", "--train-backend", "megatron", "--pipeline-model-parallel-size", "2"], "--tensor-model-parallel-size"),
+    (["train", "--train-backend", "megatron", "--actor-num-gpus-per-node", "2"], "--actor-num-gpus-per-node"),
     (["train", "--train-backend", "megatron", "--sequence-parallel"], "--sequence-parallel"),
     (["train", "--use-fault-tolerance"], "--use-fault-tolerance"),
     (["train", "--eps-clip-c", "0.5"], "--eps-clip-c"),

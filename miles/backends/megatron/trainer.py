@@ -194,7 +194,8 @@ class MegatronTrainer(TrainerBackend):
         return lps[0], (ents[0] if ents is not None else None)
 
     # ----------------------------------------------------------------------------------------------
-    def train_step(self, train_data: dict, *, rollout_id: int) -> dict[str, float]:
+    def train_step(self, train_data: dict, *, rollout_id: int, **_batch_sizes: int | None) -> dict[str, float]:
+        # `_batch_sizes`: what today's TrainWorker passes to the torch trainer; the config holds them.
         from miles.backends.torch.batching import plan_steps
 
         t0 = time.perf_counter()
@@ -380,6 +381,40 @@ class MegatronTrainer(TrainerBackend):
                 if self.is_weight_source:
                     bucket.extend(zip(rule.hf, megatron_to_hf(rule, full.clone(), self.shape)))
             yield bucket
+
+    # ----------------------------------------------------------------------------------------------
+    # Today's TrainWorker (miles/ray/train_group.py) reads weights and the whole trainer state from
+    # rank 0 only. These two adapters serve it for a single-rank megatron trainer until the worker
+    # speaks the interface above (collective buckets, per-rank checkpoints).
+    def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._single_rank_only("weight sync through rank 0")
+        return self.iter_hf_weights()
+
+    def state_dict(self) -> dict[str, Any]:
+        from miles.backends.torch.rng import get_rng_state
+
+        self._single_rank_only("checkpoints through the driver")
+        return {"format": "miles.megatron_trainer.v1", "model": self.model.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "num_steps": self.num_steps, "rng": get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from miles.backends.torch.rng import set_rng_state
+
+        self._single_rank_only("checkpoints through the driver")
+        if state.get("format") != "miles.megatron_trainer.v1":
+            raise ValueError(f"not a megatron trainer state (format {state.get('format')!r})")
+        self.model.module.load_state_dict(state["model"])
+        with torch.no_grad():
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.num_steps = int(state["num_steps"])
+        set_rng_state(state["rng"])
+
+    def _single_rank_only(self, what: str) -> None:
+        if self.world_size != 1:
+            raise UserError(
+                f"--train-backend megatron with {self.world_size} training workers needs the collective {what} of "
+                "the trainer interface, which this build's training worker does not use yet; run it with one worker.",
+                option="--actor-num-gpus-per-node")
 
     def weights_checksum(self) -> str:
         from miles.rollout.engine.base import weights_checksum
