@@ -44,6 +44,7 @@ class TorchReference:
                                       {"params": no_decay, "weight_decay": 0.0}],
                                      lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, foreach=False)
         self.steps = 0
+        self.grad_norms: list[float] = []  # before clipping, one per optimizer step
 
     def log_probs(self, tokens: list[int], resp: int, *, entropy: bool = False):
         from miles.algo.entropy import entropy_from_logits
@@ -90,7 +91,7 @@ class TorchReference:
                 loss.backward()
                 total += float(loss.detach())
             clip = self.cfg.optimizer.clip_grad
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
+            self.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)))
             for group in self.opt.param_groups:
                 group["lr"] = lr_at(self.steps, self.cfg.optimizer)
             self.opt.step()

@@ -79,6 +79,16 @@ def _assert_matches_reference(hf: str, config: dict, result: dict) -> None:
     ref_losses, ref = _reference(hf, config)
     got = _losses(result)
     assert max(abs(a - b) for a, b in zip(got, ref_losses)) <= TOL, (got, ref_losses)
+    # Adam with clipping hides a wrong gradient scale from the losses; the norms before clipping do not.
+    ref_norms = [sum(ref.grad_norms[2 * k : 2 * k + 2]) / 2 for k in range(len(ROLLOUTS))]
+    got_norms = [m["train/grad_norm"] for m in result["metrics"]]
+    assert max(abs(a - b) / b for a, b in zip(got_norms, ref_norms)) <= 1e-4, (got_norms, ref_norms)
+    # The weights handed to the rollout engine are the trained weights in HF naming (TP gathered,
+    # SwiGLU halves re-interleaved, vocabulary padding stripped, PP stages broadcast).
+    ref_sd = ref.model.state_dict()
+    synced = dict(result["bucket_tensors"])
+    assert set(synced) == set(ref_sd) - ({"lm_head.weight"} if "lm_head.weight" not in synced else set())
+    assert max((synced[k] - ref_sd[k]).abs().max().item() for k in synced) <= 1e-3
     # Six Adam steps at lr 1e-2 amplify rounding differences (Adam normalises tiny gradients), so
     # the trained weights agree less tightly than the losses.
     assert (result["log_probs"] - _ref_log_probs(ref)[0]).abs().max() <= 1e-3
