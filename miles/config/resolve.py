@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Mapping
 
-from miles.config.engine import EngineConfig, option_specs
+from miles.config.engine import EngineConfig, option_specs, spec
 from miles.config.values import format_value, parse_scalar
 from miles.errors import UserError
 
@@ -69,14 +69,28 @@ def _require(condition: bool, message: str, option: str) -> None:
         raise UserError(message, option=option)
 
 
+def _check_megatron(cfg: EngineConfig) -> None:
+    """The megatron options only apply with --train-backend megatron; their layout is checked there."""
+    t = cfg.train
+    if t.train_backend != "megatron":
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "expert_model_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+                     "recompute_num_layers", "use_distributed_optimizer", "transformer_impl", "fp8_format", "attention_backend"):
+            flag = "--" + name.replace("_", "-")
+            _require(cfg.get(name) == spec(name).default, f"{flag} applies only to --train-backend megatron; add that or drop {flag}.", flag)
+        return
+    from miles.backends.megatron.parallel import check_hardware, check_layout
+
+    c = cfg.cluster
+    world = c.actor_num_nodes * c.actor_num_gpus_per_node
+    check_layout(cfg, world)
+    if c.device == "cpu":  # with "auto" the trainer checks once it knows the device
+        check_hardware(cfg, cuda=False)
+
+
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
-    _require(
-        cfg.train.train_backend == "torch",
-        "--train-backend megatron cannot run yet: the megatron-core trainer is not built (miles convert already "
-        "writes its torch_dist checkpoints); use --train-backend torch.",
-        "--train-backend",
-    )
+    _check_megatron(cfg)
     _require(
         cfg.algo.advantage_estimator != "ppo",
         "--advantage-estimator ppo cannot run yet: it needs a critic (value model), which the torch trainer does not "
@@ -185,7 +199,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     )
     world = c.actor_num_nodes * c.actor_num_gpus_per_node
     _require(
-        d.global_batch_size % world == 0,
+        cfg.train.train_backend == "megatron" or d.global_batch_size % world == 0,
         f"--global-batch-size ({d.global_batch_size}) must be divisible by the number of training workers "
         f"(--actor-num-nodes × --actor-num-gpus-per-node = {world}).",
         "--global-batch-size",
