@@ -41,7 +41,21 @@ CASES = [
     ("tiny", 256, 1, 16, 64, "stack-facts shape, batch 256"),
     ("15M", 32, 1, 16, 64, "stack-facts shape, batch 32"),
     ("15M", 32, 8, 16, 16, "rollout: 32 prompts x 8 samples"),
+    ("15M", 256, 1, 16, 64, "stack-facts shape, batch 256 (the matmul-limit row)"),
 ]
+TINY_CASES = [("tiny", 4, 2, 4, 4, "smoke test")]
+
+
+def matmul_limit_flops(threads: int) -> float:
+    """fp32 matmul FLOP/s at `threads` torch threads (2048^3, median of 3): the compute ceiling here."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * 2048**3 / statistics.median(times)
 
 
 def _no_eos(hf_dir: Path) -> None:
@@ -155,26 +169,61 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadiest on a shared CPU)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["tiny", "15M"], default=None)
+    ap.add_argument("--tiny", action="store_true", help="one small case, one repeat (the smoke test)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the goal rows here (bench/run_all.py reads it)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    cases = TINY_CASES if args.tiny else CASES
+    repeats = 1 if args.tiny else args.repeats
+    results: dict[tuple, tuple[float, float]] = {}
     console = Console(width=120)
     table = Table(title=f"built-in engine vs HF generate (sampling, torch threads={args.threads})")
     for col in ("model", "prompts x samples", "prompt len", "new", "ours tok/s", "generate tok/s", "ours / gen"):
         table.add_column(col, no_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:
         dirs: dict[str, Path] = {}
-        for name, distinct, per_prompt, plen, new, what in CASES:
+        for name, distinct, per_prompt, plen, new, what in cases:
             if args.only and name != args.only:
                 continue
             if name not in dirs:
                 dirs[name] = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
             with console.status(f"{name}: {what}"):
-                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, args.repeats)
+                # The batch-256 15M case takes ~10 s a call here: fewer repeats.
+                n = min(repeats, 3) if (name, distinct) == ("15M", 256) else repeats
+                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, n)
+                results[(name, distinct, per_prompt, plen, new)] = (ours, hf)
+                if (name, distinct) == ("15M", 256):
+                    from transformers import AutoConfig, AutoModelForCausalLM
+
+                    params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(dirs[name])).parameters())
             shape = f"{distinct} x {per_prompt}"
             table.add_row(name, shape, str(plen), str(new), f"{ours:,.0f}", f"{hf:,.0f}", f"{ours / hf:.2f}x")
             console.print(f"{name} {shape} p={plen} n={new} ({what}): ours {ours:,.0f} tok/s, "
                           f"generate {hf:,.0f} tok/s, ratio {ours / hf:.2f}x")
     console.print(table)
+    rows = []
+    for key, label in (
+        (("tiny", 32, 1, 16, 64), "engine vs HF generate tok/s, batch 32"),
+        (("tiny", 256, 1, 16, 64), "engine vs HF generate tok/s, batch 256"),
+        (("tiny", 32, 8, 4, 4), "engine vs HF generate tok/s, rollout 32x8x4"),
+        (("15M", 256, 1, 16, 64), "engine vs HF generate tok/s, 15M batch 256"),
+        (TINY_CASES[0][:5], "engine vs HF generate tok/s (smoke size)"),
+    ):
+        if key in results:
+            ours, hf = results[key]
+            rows.append({"what": label, "value": ours / hf, "unit": "x generate", "goal": ">= 2" if "rollout" not in label and "smoke" not in label else "",
+                         "met": ours / hf >= 2 if "rollout" not in label and "smoke" not in label else None})
+    if ("15M", 256, 1, 16, 64) in results:
+        # Decoding costs about 2 FLOPs per parameter per token (tied embeddings counted once).
+        limit = matmul_limit_flops(args.threads)
+        frac = results[("15M", 256, 1, 16, 64)][0] * 2 * params / limit
+        console.print(f"15M batch 256: {frac:.0%} of the fp32 matmul limit ({limit / 1e9:.0f} GFLOP/s at {args.threads} thread(s))")
+        rows.append({"what": "engine, 15M batch 256: share of the fp32 matmul limit", "value": frac, "unit": "of limit",
+                     "goal": ">= 0.6", "met": frac >= 0.6})
+    if args.json:
+        import json
+
+        args.json.write_text(json.dumps({"bench": "rollout_engine", "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

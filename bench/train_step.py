@@ -105,7 +105,11 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=None, help="default: the whole batch, as the baseline")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and batch, one step (the smoke test)")
+    ap.add_argument("--json", default=None, help="also write the goal rows here (bench/run_all.py reads it)")
     args = ap.parse_args()
+    if args.tiny:
+        args.hidden, args.layers, args.vocab, args.batch, args.seq, args.response, args.steps = 64, 1, 256, 4, 16, 8, 1
 
     import torch
 
@@ -140,6 +144,15 @@ def main() -> None:
     print(f"{'':44s} {'step s':>8s} {'tokens/s':>10s} {'vs baseline':>12s}")
     for name, t in rows:
         print(f"{name:44s} {t:8.3f} {tokens / t:10.0f} {base / t:11.2f}x")
+    if args.json:
+        import json
+        from pathlib import Path
+
+        sft, pol = base / rows[1][1], base / rows[2][1]
+        Path(args.json).write_text(json.dumps({"bench": "train_step", "rows": [
+            {"what": "train step (sft_loss) vs plain HF loop", "value": sft, "unit": "x HF loop", "goal": ">= 1", "met": sft >= 1},
+            {"what": "train step (policy_loss, + old log-probs) vs HF loop", "value": pol, "unit": "x HF loop", "goal": "", "met": None},
+        ]}, indent=2))
 
 
 if __name__ == "__main__":

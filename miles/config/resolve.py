@@ -204,14 +204,6 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         f"(--actor-num-nodes × --actor-num-gpus-per-node = {world}).",
         "--global-batch-size",
     )
-    if cfg.algo.loss_type != "sft_loss":
-        # The trainer computes group statistics on each worker's share: it must hold whole groups.
-        share = d.num_steps_per_rollout * (d.global_batch_size // world)
-        _require(
-            share % d.n_samples_per_prompt == 0,
-            f"each of the {world} training workers would get {share} samples of a rollout, not whole groups of "
-            f"--n-samples-per-prompt {d.n_samples_per_prompt}; make --global-batch-size / workers "
-            f"({d.global_batch_size} / {world}) a multiple of {d.n_samples_per_prompt}, or lower --actor-num-gpus-per-node.",
-            "--global-batch-size",
-        )
+    # No whole-groups requirement per worker: group statistics (GRPO/GSPO/RF++ baselines) are taken
+    # over whole groups on the rollout side, and every estimator the trainer runs works per sample.
     _require(d.prompt_data is not None, "--prompt-data is required to train; give a .jsonl or .parquet file.", "--prompt-data")

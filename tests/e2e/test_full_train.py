@@ -1,8 +1,11 @@
 """End to end through the real CLI: prepare, the Ray loop, checkpoints, resume, tracking outputs.
 
 `--mode debug_minimal` runs the whole control flow in a few steps (2 SFT steps, 3 rollouts) with
---check-weight-update-equal on, so every weight sync is verified against the trainer. The slow test
-runs the default recipe and checks that it learns.
+--check-weight-update-equal on, so every weight sync is verified against the trainer. The resume
+tests start from the recipe's full SFT warm start (cached, tests/conftest.py `warm_start`), where
+rewards vary: they assert that every step had a non-zero gradient and that the weights moved, so a
+bit-identical resume compares trained states with non-zero Adam moments, not untouched weights. The
+slow test runs the default recipe and checks that it learns.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ def dirs(work: Path, run_id: str) -> list[str]:
     return ["--model-dir", str(work / "models"), "--data-dir", str(work / "data"), "--output-dir", str(work / "runs"), "--run-id", run_id]
 
 
+def warm(warm_start, work: Path, run_id: str) -> list[str]:
+    """Like `dirs`, but on the cached warm start: its model and data directories, the full SFT step count."""
+    return ["--model-dir", str(warm_start.model_dir), "--data-dir", str(warm_start.data_dir), "--sft-steps", "375",
+            "--output-dir", str(work / "runs"), "--run-id", run_id]
+
+
+def assert_trained(run_dir: Path, warm_start) -> None:
+    """Every rollout had a non-zero gradient and the final weights differ from the warm start."""
+    from safetensors.torch import load_file
+
+    norms = [r["train/grad_norm"] for r in rows(run_dir) if "train/grad_norm" in r]
+    assert norms and all(n > 0 for n in norms), f"a step without gradient: {norms}"
+    final, initial = final_state(run_dir)["model"], load_file(str(warm_start.sft_model / "model.safetensors"))
+    assert max((final[k] - initial[k]).abs().max().item() for k in initial) > 1e-5, "the weights never moved"
+
+
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -61,6 +80,10 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     for name in ["metrics.jsonl", "mlflow.db", "curves.png", "checkpoints/latest_checkpointed_iteration.txt"]:
         assert (run_dir / name).exists(), name
     assert "Plot:" in r.stdout
+    # The recipe samples at T = 0.8; the trainer scores at the same temperature, so its log-probs equal
+    # the engine's up to float noise (at T = 1 they differed by 0.07-0.09 per token).
+    diffs = [row["train/train_rollout_logprob_abs_diff"] for row in rows(run_dir) if "train/train_rollout_logprob_abs_diff" in row]
+    assert len(diffs) == 3 and max(diffs) < 1e-4, diffs
     # The same command again: prepare steps are skipped and the finished run resumes at its end.
     r2 = run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
     assert "already complete" in r2.stdout
@@ -79,13 +102,17 @@ def test_eval_of_the_final_checkpoint_equals_the_runs_last_eval(work):
         assert written[key] == last[key], key
 
 
-def test_resume_equals_uninterrupted_bit_for_bit(work):
+def test_resume_equals_uninterrupted_bit_for_bit(work, warm_start):
     """Train 4 rollouts straight; train 2, stop, rerun to 4: the final trainer states are identical."""
     common = ["--mode", "debug_minimal", "--skip-eval-before-train", "--save-interval", "2"]
-    run(["full-train", *common, "--num-rollout", "4", *dirs(work, "straight")], work)
-    run(["full-train", *common, "--num-rollout", "2", *dirs(work, "resumed")], work)
-    r = run(["full-train", *common, "--num-rollout", "4", *dirs(work, "resumed")], work)
+    run(["full-train", *common, "--num-rollout", "4", *warm(warm_start, work, "straight")], work)
+    run(["full-train", *common, "--num-rollout", "2", *warm(warm_start, work, "resumed")], work)
+    # The checkpoint resumed from holds Adam moments of real gradients.
+    moments = final_state(work / "runs" / "resumed")["optimizer"]["state"]
+    assert any(float(s["exp_avg_sq"].abs().max()) > 0 for s in moments.values()), "resuming from zero Adam moments"
+    r = run(["full-train", *common, "--num-rollout", "4", *warm(warm_start, work, "resumed")], work)
     assert "Resumed from the checkpoint of rollout 1" in r.stdout
+    assert_trained(work / "runs" / "straight", warm_start)
     a, b = final_state(work / "runs" / "straight"), final_state(work / "runs" / "resumed")
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
@@ -104,17 +131,19 @@ def test_default_full_train_learns(work):
     assert sum(rewards[-20:]) / 20 > sum(rewards[:20]) / 20 + 0.1, "training reward did not climb"
     # Issue 4's bar: held-out greedy accuracy after RL at least 0.2 above the SFT warm start (step-0 eval).
     assert evals[-1] >= evals[0] + 0.2, r.stdout[-2000:]
+    diffs = [row["train/train_rollout_logprob_abs_diff"] for row in logged if "train/train_rollout_logprob_abs_diff" in row]
+    assert max(diffs) < 1e-4, max(diffs)  # trainer and engine score the same (T = 0.8) policy
     assert "before RL" in r.stdout and "Plot:" in r.stdout
 
 
-def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work):
+def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work, warm_start):
     """SIGKILL the whole run once a checkpoint exists; the same command resumes and ends bit-identical."""
     import os
     import signal
     import time
 
     common = ["--mode", "debug_minimal", "--skip-eval-before-train", "--num-rollout", "4"]
-    args = ["full-train", *common, "--save-interval", "1", *dirs(work, "killed")]
+    args = ["full-train", *common, "--save-interval", "1", *warm(warm_start, work, "killed")]
     ckpt = work / "runs" / "killed" / "checkpoints"
     proc = subprocess.Popen(MILES + args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -130,7 +159,8 @@ def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work):
     resumed_from = int(r.stdout.split("Resumed from the checkpoint of rollout ")[1].split(".")[0])
     assert resumed_from >= 1
     if not (work / "runs" / "straight").exists():
-        run(["full-train", *common, "--save-interval", "2", *dirs(work, "straight")], work)
+        run(["full-train", *common, "--save-interval", "2", *warm(warm_start, work, "straight")], work)
+    assert_trained(work / "runs" / "killed", warm_start)
     a, b = final_state(work / "runs" / "straight"), final_state(work / "runs" / "killed")
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k

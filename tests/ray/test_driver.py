@@ -121,3 +121,12 @@ def test_a_killed_worker_ends_the_run_naming_it_and_releases_the_placement_group
         run_training(config(files, run_dir, num_rollout=200), run_dir=run_dir, run_id="killed")
     killer.join(timeout=60)
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+def test_num_epoch_counts_steps_of_rollout_batch_size(files, tmp_path, ray_session):
+    """25 prompts, --rollout-batch-size 4, --over-sampling-batch-size 8, one epoch: 25 // 4 = 6 steps
+    (sizing by the over-sampling batch would give 25 // 8 = 3)."""
+    run_dir = tmp_path / "epoch"
+    cfg = config(files, run_dir, num_rollout=None, num_epoch=1, over_sampling_batch_size=8, check_weight_update_equal=False)
+    result = run_training(cfg, run_dir=run_dir, run_id="epoch")
+    assert result.final_step == 6

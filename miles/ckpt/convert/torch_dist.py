@@ -8,12 +8,12 @@ when its bytes are written. `TorchDistReader(ckpt_dir, shape)` reads tensors bac
 Memory: both directions hold one tensor at a time. megatron-core's own `dist_checkpointing.save`
 cannot: it stages the whole sharded state dict before its writer starts, and torch's
 `FileSystemWriter` keeps every tensor of a file alive until the file is closed. So the writer here
-is torch DCP's public `torch.distributed.checkpoint.save` (no process group needed) with the lazy
-planner and streaming storage writer of dcp_stream.py; a new `__0_N.distcp` file starts every
-`file_bytes`. The on-disk format is torch DCP's own; tests check that the `.metadata` index equals
-the one megatron-core's `dist_checkpointing.save` writes for the same tensors, and that
-`dist_checkpointing.load` reads the result into a GPTModel at TP1 and TP2. Converting does not import
-megatron-core at all (nor need its CPU patches); the tests use it as the oracle.
+is dcp_stream.py, which writes torch DCP's format item by item without importing
+`torch.distributed.checkpoint` (1.5-2.5 s of imports); a new `__0_N.distcp` file starts every
+`file_bytes`. Tests check that the `.metadata` index equals the one megatron-core's
+`dist_checkpointing.save` writes for the same tensors, and that `dist_checkpointing.load` reads the
+result into a GPTModel at TP1 and TP2. Converting does not import megatron-core at all (nor need its
+CPU patches); the tests use it as the oracle.
 
 What it is not: a writer for training checkpoints (optimizer state, several ranks): conversion runs in
 one process and writes whole (TP=1) tensors; megatron-core slices them at load time.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -67,42 +66,22 @@ def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torc
     the planned shape and dtype; it is dropped as soon as its bytes are on disk.
     """
     import torch
-    from torch.distributed.checkpoint import save
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
-    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-    items: list[WriteItem] = []
-    planned: dict[MetadataIndex, PlannedTensor] = {}
+    from miles.ckpt.convert import dcp_stream
+
+    items: list[dcp_stream.Item] = []
     for p in plan:
         sk = sharded_key(p.name, shape)
-        lead = len(sk.prepend)
-        offsets = torch.Size([o for _, o, _ in sk.prepend] + [0] * len(p.shape))
-        chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([1] * lead + list(p.shape)))
-        planned[MetadataIndex(sk.key, offsets)] = p
-        # SHARD for every tensor, as megatron-core's translation produces: a stacked key gets one chunk per layer.
-        items.append(WriteItem(index=MetadataIndex(sk.key, offsets), type=WriteItemType.SHARD,
-                               tensor_data=TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=p.dtype),
-                                                           size=torch.Size([n for _, _, n in sk.prepend] + list(p.shape)))))
+        # One chunk per tensor, as megatron-core's translation produces: a stacked key gets one per layer.
+        items.append(dcp_stream.Item(sk.key, torch.Size([o for _, o, _ in sk.prepend] + [0] * len(p.shape)),
+                                     torch.Size([n for _, _, n in sk.prepend] + list(p.shape)), p.name, p.shape, p.dtype))
+    empty = io.BytesIO()
+    torch.save([None], empty)  # megatron-core stores a ShardedObject as torch.save([data])
     for sk in extra_state_keys(rules_for(shape), shape):
-        # The local spec's linear layers have an `_extra_state` of None, stored as megatron-core stores
-        # a ShardedObject: torch.save([data]) under its unique key.
-        items.append(WriteItem(index=MetadataIndex(sharded_object_key(sk)), type=WriteItemType.BYTE_IO))
-
-    from miles.ckpt.convert.dcp_stream import LazyPlanner, StreamingWriter
-
+        # The local spec's linear layers have an `_extra_state` of None, stored under its unique key.
+        items.append(dcp_stream.Item(sharded_object_key(sk), data=empty.getvalue()))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    planner = LazyPlanner(items, planned, produce)
-    with warnings.catch_warnings():
-        # One process by design; torch warns that it "assumes" so when no process group exists.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            save({}, storage_writer=StreamingWriter(ckpt_dir, file_bytes), planner=planner, no_dist=True)
-        except CheckpointException as e:
-            # torch wraps whatever the single rank raised (a produce error, Ctrl-C, a UserError) in a
-            # BaseException subclass; re-raise the original so it keeps its type and traceback.
-            (original, _trace), = e.failures.values()
-            raise original from None
+    dcp_stream.save(items, produce, ckpt_dir, file_bytes)
     torch.save({}, ckpt_dir / COMMON_STATE)  # what megatron-core saves for a state dict with no common part
     # Last: megatron-core's marker that the directory is a complete dist checkpoint.
     (ckpt_dir / CONFIG).write_text(json.dumps(MEGATRON_CONFIG))
@@ -147,12 +126,12 @@ class TorchDistReader:
         self.shapes = megatron_shapes(shape)
 
     def __enter__(self) -> TorchDistReader:
-        from torch.distributed.checkpoint import FileSystemReader
+        from miles.ckpt.convert.dcp_stream import read_metadata
 
         backend = json.loads((self.ckpt_dir / CONFIG).read_text()).get("sharded_backend")
         if backend != "torch_dist":
             raise UserError(f"{self.ckpt_dir} is a {backend} checkpoint; miles convert reads torch_dist only.")
-        self.metadata = FileSystemReader(str(self.ckpt_dir)).read_metadata()
+        self.metadata = read_metadata(self.ckpt_dir)
         self._check_metadata()
         return self
 
@@ -224,10 +203,11 @@ class TorchDistReader:
 
     def _load_chunk(self, key: str, chunk) -> torch.Tensor:
         import torch
-        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        from miles.ckpt.convert.dcp_stream import MetadataIndex
 
         info = self.metadata.storage_data[MetadataIndex(key, chunk.offsets)]
-        if info.transform_descriptors:
+        if getattr(info, "transform_descriptors", None):
             raise NotImplementedError(f"{key}: DCP storage transforms {info.transform_descriptors} are not supported")
         # torch.load reads the record straight from the file into the tensor: no bytes copy in between.
         with open(self.ckpt_dir / info.relative_path, "rb") as f:

@@ -1,0 +1,311 @@
+"""The RL loop against TRL's `GRPOTrainer`: same model, data, warm start and settings, side by side.
+
+    pip install -e ".[bench]"                       # TRL: a bench-only extra, never a runtime dependency
+    python bench/vs_trl.py                          # 150 GRPO steps per side, eval every 25 (~10 min on 2 cores)
+    python bench/vs_trl.py --steps 500 --eval-interval 50 --target-acc 0.4
+    python bench/vs_trl.py --tiny                   # 3 steps per side: the smoke test's size
+
+What is shared: the tiny recipe's prepared inputs (its random 2-layer Qwen3, the two-digit-addition
+task with 200 held-out problems, and the SFT warm start: one directory both sides start from), and
+the recipe's RL settings: 32 prompts x 8 samples x at most 4 new tokens per step, temperature 0.8,
+lr 3e-4 constant, AdamW (0.9, 0.95, eps 1e-8, no weight decay), grad-norm clip 1.0, PPO clip 0.2,
+no KL, group-normalised advantages (mean and std), one optimizer step per rollout, the loss averaged
+per sample then over samples (TRL `loss_type="grpo"`), exact-match reward on the decoded answer,
+greedy eval of the held-out split every `--eval-interval` steps (and before the first), one torch
+thread per process (miles pins it; TRL gets `torch.set_num_threads(1)`, its steadiest setting on a
+busy 2-core machine). Settings that cannot be made identical are listed in docs/benchmarks.md.
+
+Each side runs as its own process, launched from here: miles as `miles full-train` (its prepare steps
+are already complete, so it goes straight to Ray start-up and GRPO), TRL as this file with `--trl-child`.
+Reported per side: median step time (steps with an eval excluded), generated tokens/s during
+generation, peak RSS of the whole process tree (Ray's processes included for miles), start to the end
+of the first RL step (eval excluded), and the held-out greedy accuracy against wall time since launch.
+The ratios come last (> 1 means miles is better). `--json PATH` also writes them for bench/run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_KEY = "eval/arith/accuracy"
+
+
+@dataclass
+class Side:
+    name: str
+    step_s: list[float] = field(default_factory=list)
+    gen_tokens_per_s: list[float] = field(default_factory=list)
+    evals: list[tuple[float, int, float]] = field(default_factory=list)  # (seconds since launch, step, accuracy)
+    first_step_s: float = float("nan")
+    peak_rss: int = 0
+    wall_s: float = 0.0
+
+    def time_to(self, acc: float) -> float | None:
+        return next((t for t, _, a in self.evals if a >= acc), None)
+
+
+def prepared_inputs(work: Path, seed: int, sft_steps: int) -> dict:
+    """The tiny recipe's prepare steps (model, task, SFT warm start) into `work`; returns its engine settings."""
+    from miles.prepare.runner import run_prepare_steps
+    from recipes import tiny_qwen3
+
+    opts = tiny_qwen3.Options(output_dir=str(work / "runs"), model_dir=str(work / "models"), data_dir=str(work / "data"),
+                              prepare_seed=seed, run_id="vs-trl", sft_steps=sft_steps)
+    plan = tiny_qwen3.plan(opts)
+    run_prepare_steps(plan.prepare)
+    return plan.engine
+
+
+class TreeRss:
+    """Samples the summed RSS of a process and all its descendants every 0.2 s; `.peak` is the maximum."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self._root, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.peak
+
+
+def launch(cmd: list[str], log: Path, timeout_s: float, env: dict | None = None) -> tuple[float, float, int]:
+    """Run `cmd` (output to `log`); returns (launch unix time, wall seconds, peak tree RSS). Raises on failure."""
+    launched = time.time()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        rss = TreeRss(proc.pid)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise TimeoutError(f"{cmd[2]} did not finish within {timeout_s:.0f} s; log: {log}") from None
+        finally:
+            peak = rss.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} exited {proc.returncode}; log: {log}\n{log.read_text()[-3000:]}")
+    return launched, time.time() - launched, peak
+
+
+def run_miles(work: Path, a: argparse.Namespace) -> Side:
+    extra = (f"--num-rollout {a.steps} --eval-interval {a.eval_interval} --save-interval {a.steps} "
+             f"--rollout-seed {a.seed}")
+    cmd = [sys.executable, "-m", "miles_cli.main", "full-train", "--prepare-seed", str(a.seed),
+           "--output-dir", str(work / "runs"), "--model-dir", str(work / "models"), "--data-dir", str(work / "data"),
+           "--run-id", "vs-trl", "--sft-steps", str(a.sft_steps), "--extra-args", extra]
+    launched, wall, peak = launch(cmd, work / "miles.log", a.timeout_s)
+    rows = [json.loads(x) for x in (work / "runs" / "vs-trl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    side = Side("miles", peak_rss=peak, wall_s=wall)
+    eval_s_before_first = sum(r.get("perf/eval_time", 0.0) for r in rows if r["step"] == 0)
+    for r in rows:
+        if "perf/step_time" in r and "perf/eval_time" not in r:
+            side.step_s.append(r["perf/step_time"])
+        if "perf/rollout_tokens_per_s" in r:
+            side.gen_tokens_per_s.append(r["perf/rollout_tokens_per_s"])
+        if EVAL_KEY in r:
+            side.evals.append((r["time"] - launched, r["step"], r[EVAL_KEY]))
+    first = min(r["time"] for r in rows if r["step"] == 1 and "perf/step_time" in r)
+    side.first_step_s = first - launched - eval_s_before_first
+    return side
+
+
+def run_trl(work: Path, engine: dict, a: argparse.Namespace) -> Side:
+    out = work / "trl.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", json.dumps({
+        "model": engine["hf_checkpoint"], "train": engine["prompt_data"], "eval": engine["eval_prompt_data"][1],
+        "out": str(out), "work": str(work / "trl"), "steps": a.steps, "eval_interval": a.eval_interval, "seed": a.seed,
+        "engine": {k: engine[k] for k in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
+                                          "rollout_temperature", "lr", "clip_grad")}})]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launched, wall, peak = launch(cmd, work / "trl.log", a.timeout_s, env=env)
+    r = json.loads(out.read_text())
+    return Side("TRL", step_s=r["step_s"], gen_tokens_per_s=r["gen_tokens_per_s"],
+                evals=[(t - launched, s, acc) for t, s, acc in r["evals"]], first_step_s=r["first_step_end"] - launched - r["eval_s_before_first"],
+                peak_rss=peak, wall_s=wall)
+
+
+def trl_child(spec: dict) -> None:
+    """TRL's GRPOTrainer with the recipe's settings; writes step times, generation rates and evals to spec['out']."""
+    import torch
+
+    torch.set_num_threads(1)
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    e = spec["engine"]
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    train = [json.loads(x) for x in Path(spec["train"]).read_text().splitlines() if x.strip()]
+    held_out = [json.loads(x) for x in Path(spec["eval"]).read_text().splitlines() if x.strip()]
+    assert tok("1+2=")["input_ids"] == tok("1+2=", add_special_tokens=False)["input_ids"], "the tokenizer adds specials"
+    data = datasets.Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in train])
+
+    def exact_match(completions, label, **_):
+        return [1.0 if c.strip() == str(lab).strip() else 0.0 for c, lab in zip(completions, label)]
+
+    record: dict = {"step_s": [], "gen_tokens_per_s": [], "evals": [], "eval_s_before_first": 0.0}
+    gen_time = [0.0, 0]
+    inner_generate = model.generate
+
+    def timed_generate(*args, **kwargs):
+        t = time.perf_counter()
+        out = inner_generate(*args, **kwargs)
+        gen_time[0] += time.perf_counter() - t
+        n_prompt = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[1]
+        new = out[:, n_prompt:]
+        # Tokens up to and including the first eos, as a rollout counts them.
+        is_eos = new == tok.eos_token_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full((new.shape[0],), new.shape[1]))
+        gen_time[1] += int(first.sum())
+        return out
+
+    model.generate = timed_generate
+
+    def evaluate() -> float:
+        batch = tok([r["input"] for r in held_out], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = inner_generate(**batch, max_new_tokens=e["rollout_max_response_len"], do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        texts = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        return sum(t.strip() == str(r["label"]).strip() for t, r in zip(texts, held_out)) / len(held_out)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.last = None
+            self.evaled = False
+
+        def on_train_begin(self, args, state, control, **kw):
+            t = time.perf_counter()
+            model.eval()
+            record["evals"].append((time.time(), 0, evaluate()))
+            model.train()
+            record["eval_s_before_first"] = time.perf_counter() - t
+            self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter()
+            if state.global_step == 1:
+                record["first_step_end"] = time.time()
+            step_s = now - self.last
+            if gen_time[0] > 0:
+                record["gen_tokens_per_s"].append(gen_time[1] / gen_time[0])
+            gen_time[0], gen_time[1] = 0.0, 0
+            if state.global_step % spec["eval_interval"] == 0 or state.global_step == spec["steps"]:
+                model.eval()
+                record["evals"].append((time.time(), state.global_step, evaluate()))
+                model.train()
+            else:
+                record["step_s"].append(step_s)
+            self.last = time.perf_counter()
+
+    n = e["rollout_batch_size"] * e["n_samples_per_prompt"]
+    cfg = GRPOConfig(
+        output_dir=spec["work"], max_steps=spec["steps"], per_device_train_batch_size=n, num_generations=e["n_samples_per_prompt"],
+        steps_per_generation=1, num_iterations=1, max_completion_length=e["rollout_max_response_len"],
+        temperature=e["rollout_temperature"], top_p=1.0, top_k=0, learning_rate=e["lr"], lr_scheduler_type="constant",
+        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=e["clip_grad"],
+        beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group", use_cpu=True, bf16=False, report_to="none",
+        save_strategy="no", logging_steps=10 ** 9, seed=spec["seed"], disable_dropout=True, dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=cfg, train_dataset=data, processing_class=tok,
+                          callbacks=[Clock()])
+    trainer.train()
+    Path(spec["out"]).write_text(json.dumps(record))
+
+
+def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
+    m, t = sides
+    med = {s.name: statistics.median(s.step_s) if s.step_s else float("nan") for s in sides}
+    gen = {s.name: statistics.median(s.gen_tokens_per_s) if s.gen_tokens_per_s else float("nan") for s in sides}
+    print(f"\n{'':34}{'miles':>12}{'TRL':>12}")
+    print(f"{'median step time (s)':34}{med['miles']:12.3f}{med['TRL']:12.3f}")
+    print(f"{'generated tokens/s (median)':34}{gen['miles']:12.0f}{gen['TRL']:12.0f}")
+    print(f"{'peak RSS, process tree (GB)':34}{m.peak_rss / 1e9:12.2f}{t.peak_rss / 1e9:12.2f}")
+    print(f"{'start to first RL step (s)':34}{m.first_step_s:12.1f}{t.first_step_s:12.1f}")
+    print(f"{'wall time, whole run (s)':34}{m.wall_s:12.1f}{t.wall_s:12.1f}")
+    print("held-out greedy accuracy (wall s since launch, step, accuracy):")
+    for s in sides:
+        print(f"  {s.name:6} " + "  ".join(f"{tt:.0f}s/{st}:{acc:.3f}" for tt, st, acc in s.evals))
+    tm, tt = m.time_to(a.target_acc), t.time_to(a.target_acc)
+    print(f"time to held-out {a.target_acc}: miles {'not reached' if tm is None else f'{tm:.0f} s'}, "
+          f"TRL {'not reached' if tt is None else f'{tt:.0f} s'}")
+    steps_ratio = med["TRL"] / med["miles"]
+    wall_ratio = (tm / tt) if tm is not None and tt is not None else None
+    rows = [
+        {"what": "RL loop steps/s vs TRL GRPOTrainer", "value": steps_ratio, "unit": "x TRL", "goal": ">= 2", "met": steps_ratio >= 2},
+        {"what": f"RL loop wall time to held-out {a.target_acc} vs TRL", "value": wall_ratio, "unit": "x TRL", "goal": "<= 0.5",
+         "met": None if wall_ratio is None else wall_ratio <= 0.5},
+        {"what": "start to first RL step vs TRL", "value": m.first_step_s / t.first_step_s, "unit": "x TRL", "goal": "<= 1",
+         "met": m.first_step_s <= t.first_step_s},
+        {"what": "generated tokens/s vs TRL", "value": gen["miles"] / gen["TRL"], "unit": "x TRL", "goal": "", "met": None},
+        {"what": "peak RSS vs TRL", "value": m.peak_rss / t.peak_rss, "unit": "x TRL", "goal": "", "met": None},
+    ]
+    print("\nratios (miles / TRL):")
+    for r in rows:
+        v = "n/a (target not reached by both)" if r["value"] is None else f"{r['value']:.2f}x"
+        print(f"  {r['what']:48} {v:>14}   goal {r['goal'] or '-'}")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=150, help="GRPO steps (rollouts) per side")
+    ap.add_argument("--eval-interval", type=int, default=25, help="held-out greedy eval every this many steps (and at step 0)")
+    ap.add_argument("--target-acc", type=float, default=0.4, help="held-out accuracy for the time-to-accuracy ratio")
+    ap.add_argument("--seed", type=int, default=0, help="prepare seed (model, split, warm start) and rollout seed")
+    ap.add_argument("--timeout-s", type=float, default=3600.0, help="kill a side after this long")
+    ap.add_argument("--keep", type=Path, default=None, help="work here instead of a deleted temporary folder")
+    ap.add_argument("--tiny", action="store_true", help="3 steps, eval every 2, the debug recipe's 2 SFT steps (the smoke test)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the ratios here (bench/run_all.py reads it)")
+    a = ap.parse_args()
+    a.sft_steps = 2 if a.tiny else 375  # the recipe's warm start (its debug_minimal value for --tiny)
+    if a.tiny:
+        a.steps, a.eval_interval = 3, 2
+    with tempfile.TemporaryDirectory(prefix="miles-vs-trl-") as tmp:
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        engine = prepared_inputs(work, a.seed, a.sft_steps)
+        sides = [run_miles(work, a), run_trl(work, engine, a)]
+    rows = summary(sides, a)
+    if a.json:
+        a.json.write_text(json.dumps({"bench": "vs_trl", "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--trl-child":
+        trl_child(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Every benchmark runs at its smoke-test size (`--tiny`) and writes the goal rows bench/run_all.py reads.
+
+Not a speed test (speed targets live in bench/ and docs/benchmarks.md): these catch a benchmark that
+no longer runs against the current code (a renamed trainer argument, a changed engine call) or that
+writes rows run_all cannot print. Each one is a few fresh interpreters, so seconds on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run_bench(name: str, tmp_path: Path, *extra: str, timeout: int = 600) -> list[dict]:
+    out = tmp_path / f"{name}.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--tiny", "--json", str(out), *extra],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows, f"{name} wrote no rows"
+    for row in rows:
+        assert set(row) >= {"what", "value", "unit", "goal", "met"}, row
+    return rows
+
+
+def finite_positive(rows: list[dict]) -> bool:
+    return all(isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
+
+
+def test_cli_help(tmp_path):
+    rows = run_bench("cli_help", tmp_path)
+    assert [r["goal"] for r in rows[:2]] == ["<= 1.5", "<= 2"] and finite_positive(rows)
+
+
+def test_convert(tmp_path):
+    rows = run_bench("convert", tmp_path, "--dir", str(tmp_path / "work"))
+    assert rows[0]["what"].startswith("convert HF->torch_dist vs cp") and finite_positive(rows[:1])
+    # The memory row: peak RSS above an idle interpreter, as a share of (largest tensor + 1 GB).
+    assert rows[2]["met"] is True
+
+
+def test_train_step(tmp_path):
+    rows = run_bench("train_step", tmp_path)
+    assert finite_positive(rows)
+
+
+def test_rollout_engine(tmp_path):
+    rows = run_bench("rollout_engine", tmp_path)
+    assert finite_positive(rows)
+
+
+def test_step_phases(tmp_path):
+    rows = run_bench("step_phases", tmp_path)
+    phases = json.loads((tmp_path / "step_phases.json").read_text())["in_process"]
+    assert {"generation", "reward (decode + exact match)", "weight update (in process)"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and 0 < rows[0]["value"] < 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is the bench-only extra: pip install -e '.[bench]'")
+def test_vs_trl(tmp_path):
+    rows = run_bench("vs_trl", tmp_path, "--keep", str(tmp_path / "work"), timeout=900)
+    by = {r["what"]: r for r in rows}
+    assert by["RL loop steps/s vs TRL GRPOTrainer"]["value"] > 0
+    assert by["start to first RL step vs TRL"]["value"] > 0
+    # Both sides evaluated the held-out split before the first step and after the last (3 steps, every 2).
+    log = (tmp_path / "work" / "runs" / "vs-trl" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"eval/arith/accuracy"' in line for line in log) >= 2
+
+
+def test_run_all_prints_one_table(tmp_path):
+    out = tmp_path / "all.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), "--tiny", "--only", "cli_help", "--json", str(out)],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = r.stdout[r.stdout.rindex("what"):]
+    assert "miles --help vs python -c 'import typer'" in table and "<= 1.5" in table
+    assert json.loads(out.read_text())["rows"][0]["bench"] == "cli_help"
