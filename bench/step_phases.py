@@ -7,7 +7,7 @@
 In-process part (no Ray; the recipe's SFT warm start, prepared in a temporary folder, or `--work`):
 the built-in engine generates the recipe's rollout (32 prompts x 8 samples, at most 4 new tokens,
 temperature 0.8, per-request seeds, log-probs returned); the reward is the decode + exact match of
-`--rm-type exact_match`; group-normalised advantages; then `TorchTrainer.train_step` with the recipe's
+`--rm-type exact_match`; group-normalised advantages; then `TorchBackend.train_step` with the recipe's
 optimizer settings, split into old log-probs (the no-grad pass before the optimizer step),
 forward+backward, and `optimizer.step`; weights handed to the engine (`update_weights`) last.
 
@@ -45,8 +45,9 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
     import torch
     from transformers import AutoTokenizer
 
-    from miles.backends.torch import TorchTrainer
+    from miles.backends.torch import TorchBackend
     from miles.config.algo import AlgoConfig
+    from miles.config.engine import EngineConfig
     from miles.config.optimizer import OptimizerConfig
     from miles.rollout.engine.base import GenerateRequest, SamplingParams
     from miles.rollout.engine.builtin import BuiltinEngine
@@ -57,9 +58,17 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
     rows = [json.loads(x) for x in Path(engine_cfg["prompt_data"]).read_text().splitlines() if x.strip()]
     n_prompts, n_samples = engine_cfg["rollout_batch_size"], engine_cfg["n_samples_per_prompt"]
     engine = BuiltinEngine(hf, max_batch_size=n_prompts * n_samples, seed=0)
-    trainer = TorchTrainer(hf, optimizer_cfg=OptimizerConfig(lr=engine_cfg["lr"], clip_grad=engine_cfg["clip_grad"]),
-                           algo_cfg=AlgoConfig(eps_clip_high=0.2), micro_batch_size=engine_cfg["micro_batch_size"],
-                           deterministic=False, seed=0)
+    cfg = EngineConfig()
+    cfg.rollout.hf_checkpoint = hf
+    cfg.rollout.rollout_temperature = engine_cfg["rollout_temperature"]  # trainer scores at the rollout temperature
+    cfg.train.micro_batch_size = engine_cfg["micro_batch_size"]
+    cfg.train.deterministic_mode = False
+    cfg.data.global_batch_size = n_prompts * n_samples
+    cfg.data.num_steps_per_rollout = 1
+    cfg.data.n_samples_per_prompt = n_samples
+    cfg.optimizer = OptimizerConfig(lr=engine_cfg["lr"], clip_grad=engine_cfg["clip_grad"], seed=0)
+    cfg.algo = AlgoConfig(eps_clip_high=0.2)
+    trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")
     phases: dict[str, list[float]] = {}
     clock: dict[str, float] = {}
 
@@ -75,7 +84,7 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
 
         setattr(obj, name, wrapper)
 
-    # The trainer's internals (pinned to today's TorchTrainer): when they move, the split degrades to
+    # The trainer's internals (pinned to today's TorchBackend): when they move, the split degrades to
     # the whole train_step rather than failing.
     if hasattr(trainer, "_prepare_policy_inputs"):
         timed(trainer, "_prepare_policy_inputs", "old log-probs + advantages")
@@ -101,7 +110,7 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
                 "loss_masks": [[1] * len(o.output_ids) for o in out],
                 "rollout_log_probs": [list(o.output_token_logprobs) for o in out]}
         t3 = time.perf_counter()
-        trainer.train_step(data, rollout_id=step, global_batch_size=len(out), n_samples_per_prompt=n_samples)
+        trainer.train_step(data, rollout_id=step)
         t4 = time.perf_counter()
         engine.begin_weight_update()
         engine.update_weights_from_tensors(list(trainer.named_weights_for_sync()))

@@ -26,15 +26,23 @@ token (an empty response) gets empty/zero tensors, never NaN.
 
 `kl_t` is `approx_kl(log_probs, ref_log_probs, --kl-loss-type)` and is computed only when
 `--kl-coef` is non-zero. Formulas: docs/algorithms.md.
+
+Shapes: per-token inputs and outputs are packed [R] tensors over the response tokens of B samples,
+with `Segments` naming each token's sample. Broadcasts and the last-token reward are segment
+operations; the two recursions (discounted returns, GAE) step backwards over token positions,
+vectorised over all samples at once (at most the longest response's trained-token count steps).
+With data parallelism the trainer passes `all_reduce` (an in-place sum over the DP group) so that
+`--normalize-advantages` whitens with the statistics of the whole global batch, not of one rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from miles.algo.kl import approx_kl
+from miles.algo.segments import Segments
 from miles.config.algo import AlgoConfig
 
 GROUP_STD_EPS = 1e-6
@@ -70,174 +78,169 @@ def normalize_group_rewards(
     return groups.reshape(-1)
 
 
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor in place over the data-parallel group and returns it."""
+
+
 def compute_advantages_and_returns(
     cfg: AlgoConfig,
     *,
     rewards: torch.Tensor,
-    loss_masks: Sequence[torch.Tensor],
+    loss_mask: torch.Tensor,
+    segments: Segments,
     n_samples_per_prompt: int,
-    log_probs: Sequence[torch.Tensor] | None = None,
-    ref_log_probs: Sequence[torch.Tensor] | None = None,
-    values: Sequence[torch.Tensor] | None = None,
+    log_probs: torch.Tensor | None = None,
+    ref_log_probs: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
     all_reduce: AllReduce | None = None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-token advantages and returns for `cfg.advantage_estimator` (see the module docstring).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token advantages and returns [R] for `cfg.advantage_estimator` (see the module docstring).
 
-    `all_reduce` sums a float64 tensor in place over the data-parallel group (e.g.
-    `torch.distributed.all_reduce`); `--normalize-advantages` whitens with statistics over the whole
-    group through it. None means this process holds the whole rollout.
+    `rewards` holds one scalar per sample ([B]), already group-normalised by train_data for grpo,
+    gspo and reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached.
 
-    `rewards` holds one scalar per sample, already group-normalised by train_data for grpo, gspo and
-    reinforce_plus_plus_baseline. Nothing here carries gradient: inputs are detached. The group
-    statistics are taken on the rollout side over whole groups and every estimator here works per
-    sample, so the samples need not form whole groups of `n_samples_per_prompt` (a data-parallel rank
-    may hold part of a group); the argument is accepted for interface stability.
+    `all_reduce` sums a float64 tensor over the data-parallel group (in place like
+    `torch.distributed.all_reduce`, or returning the sum); `--normalize-advantages` whitens with
+    statistics over the whole group through it. None means this process holds the whole rollout.
+    The group statistics are taken on the rollout side over whole groups and every estimator here
+    works per sample, so the samples need not form whole groups of `n_samples_per_prompt` (a
+    data-parallel rank may hold part of a group); the argument is kept for interface stability.
     """
-    n = len(loss_masks)
+    n = segments.num_segments
     if rewards.numel() != n:
         raise ValueError(f"{rewards.numel()} rewards for {n} samples")
-    masks = [m.detach().to(torch.float32) for m in loss_masks]
-    rewards = rewards.detach().to(torch.float32).reshape(-1)
-    kl = _token_kl(cfg, masks, log_probs, ref_log_probs)
+    mask = loss_mask.detach().to(torch.float32)
+    rewards = rewards.detach().to(torch.float32).reshape(-1).to(mask.device)
+    kl = _token_kl(cfg, mask, log_probs, ref_log_probs)
     estimator = cfg.advantage_estimator
 
     if estimator in ("grpo", "gspo"):
-        advantages = [rewards[i] * m for i, m in enumerate(masks)]
-        returns = [a.clone() for a in advantages]
+        advantages = segments.broadcast(rewards) * mask
+        returns = advantages.clone()
     elif estimator == "reinforce_plus_plus_baseline":
-        advantages = [(rewards[i] - cfg.kl_coef * kl[i]) * m for i, m in enumerate(masks)]
-        returns = [a.clone() for a in advantages]
+        advantages = (segments.broadcast(rewards) - cfg.kl_coef * kl) * mask
+        returns = advantages.clone()
     elif estimator == "reinforce_plus_plus":
-        token_rewards = _token_rewards(cfg, rewards, kl, masks)
-        advantages = _discounted_returns(token_rewards, masks, gamma=cfg.gamma)
-        returns = [a.clone() for a in advantages]
+        token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
+        advantages = _discounted_returns(token_rewards, mask, segments, gamma=cfg.gamma)
+        returns = advantages.clone()
     elif estimator == "ppo":
         if values is None:
             raise ValueError("the ppo estimator needs the critic's values")
-        token_rewards = _token_rewards(cfg, rewards, kl, masks)
+        token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
         advantages, returns = gae(
-            token_rewards, [v.detach().to(torch.float32) for v in values], masks, gamma=cfg.gamma, lambd=cfg.lambd
+            token_rewards, values.detach().to(torch.float32), mask, segments, gamma=cfg.gamma, lambd=cfg.lambd
         )
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
 
     if cfg.normalize_advantages:
-        advantages = whiten(advantages, masks, all_reduce=all_reduce)
+        advantages = whiten(advantages, mask, all_reduce=all_reduce)
     return advantages, returns
 
 
 def _token_kl(
-    cfg: AlgoConfig,
-    masks: list[torch.Tensor],
-    log_probs: Sequence[torch.Tensor] | None,
-    ref_log_probs: Sequence[torch.Tensor] | None,
-) -> list[torch.Tensor]:
+    cfg: AlgoConfig, mask: torch.Tensor, log_probs: torch.Tensor | None, ref_log_probs: torch.Tensor | None
+) -> torch.Tensor:
     if cfg.kl_coef == 0:
-        return [torch.zeros_like(m) for m in masks]
+        return torch.zeros_like(mask)
     if log_probs is None or ref_log_probs is None:
         raise ValueError("--kl-coef needs log_probs and ref_log_probs (a reference model)")
-    return [
-        approx_kl(lp.detach(), ref.detach(), cfg.kl_loss_type).to(torch.float32) * m
-        for lp, ref, m in zip(log_probs, ref_log_probs, masks)
-    ]
+    return approx_kl(log_probs.detach(), ref_log_probs.detach(), cfg.kl_loss_type).to(torch.float32) * mask
 
 
 def _token_rewards(
-    cfg: AlgoConfig, rewards: torch.Tensor, kl: list[torch.Tensor], masks: list[torch.Tensor]
-) -> list[torch.Tensor]:
+    cfg: AlgoConfig, rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, segments: Segments
+) -> torch.Tensor:
     """`-kl_coef * kl_t` on trained tokens, plus the sample's reward on its last trained token."""
-    out = []
-    for i, m in enumerate(masks):
-        r = -cfg.kl_coef * kl[i] * m
-        trained = m.nonzero(as_tuple=True)[0]
-        if trained.numel():
-            r[trained[-1]] += rewards[i]
-        out.append(r)
+    out = -cfg.kl_coef * kl * mask
+    positions = torch.arange(mask.numel(), device=mask.device)
+    last = segments.amax(torch.where(mask > 0, positions, -1), empty=-1)  # [B]; -1: nothing trained
+    has = last >= 0
+    return out.index_add(0, last[has], rewards[has])
+
+
+def _to_grid(x: torch.Tensor, mask: torch.Tensor, segments: Segments) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The trained tokens of each sample, left-aligned in a zero-padded [B, K_max] grid (one scatter)."""
+    trained = mask > 0
+    rows = segments.index[trained]
+    cols = segments.rank_in_segment(mask)[trained]
+    k_max = int(cols.max()) + 1 if cols.numel() else 0
+    grid = x.new_zeros((segments.num_segments, k_max))
+    grid[rows, cols] = x[trained]
+    return grid, (trained, rows, cols)
+
+
+def _from_grid(grid: torch.Tensor, where: tuple[torch.Tensor, ...], like: torch.Tensor) -> torch.Tensor:
+    trained, rows, cols = where
+    out = torch.zeros_like(like)
+    out[trained] = grid[rows, cols]
     return out
 
 
-def _pack(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Gather each sample's trained positions into a zero-padded [B, K_max] matrix."""
-    idx = [m.nonzero(as_tuple=True)[0] for m in masks]
-    k_max = max((i.numel() for i in idx), default=0)
-    packed = torch.zeros(len(tensors), k_max)
-    for b, (t, ix) in enumerate(zip(tensors, idx)):
-        packed[b, : ix.numel()] = t[ix]
-    return packed, idx
-
-
-def _unpack(packed: torch.Tensor, idx: list[torch.Tensor], masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out = []
-    for b, (ix, m) in enumerate(zip(idx, masks)):
-        full = torch.zeros_like(m)
-        full[ix] = packed[b, : ix.numel()]
-        out.append(full)
-    return out
-
-
-def _discounted_returns(token_rewards: list[torch.Tensor], masks: list[torch.Tensor], *, gamma: float) -> list[torch.Tensor]:
+def _discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, segments: Segments, *, gamma: float) -> torch.Tensor:
     """`G_t = r_t + gamma * G_{t+1}` over the trained tokens of each sample (batched over samples)."""
-    packed, idx = _pack(token_rewards, masks)
-    out = torch.zeros_like(packed)
-    running = torch.zeros(packed.shape[0])
+    r, where = _to_grid(token_rewards, mask, segments)
+    out = torch.zeros_like(r)
+    running = r.new_zeros(r.shape[0])
     # Zero padding after the last trained token keeps `running` at 0 until the real tokens start.
-    for t in range(packed.shape[1] - 1, -1, -1):
-        running = packed[:, t] + gamma * running
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running
         out[:, t] = running
-    return _unpack(out, idx, masks)
+    return _from_grid(out, where, token_rewards)
 
 
 def gae(
-    token_rewards: Sequence[torch.Tensor],
-    values: Sequence[torch.Tensor],
-    masks: Sequence[torch.Tensor],
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments,
     *,
     gamma: float,
     lambd: float,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the trained tokens of each sample; V after the last is 0."""
-    r, idx = _pack(token_rewards, masks)
-    v, _ = _pack(values, masks)
+    r, where = _to_grid(token_rewards, mask, segments)
+    v, _ = _to_grid(values, mask, segments)
     adv = torch.zeros_like(r)
-    last = torch.zeros(r.shape[0])
+    last = r.new_zeros(r.shape[0])
     k = r.shape[1]
     for t in range(k - 1, -1, -1):
         # Padding holds V = 0 and r = 0, so a sample's last trained token bootstraps from 0.
-        next_v = v[:, t + 1] if t + 1 < k else torch.zeros(r.shape[0])
+        next_v = v[:, t + 1] if t + 1 < k else r.new_zeros(r.shape[0])
         delta = r[:, t] + gamma * next_v - v[:, t]
         last = delta + gamma * lambd * last
         adv[:, t] = last
-    # Padded entries stay 0 in both: adv is 0 there by construction of the recursion from zeros.
-    return _unpack(adv, idx, masks), _unpack(adv + v, idx, masks)
+    return _from_grid(adv, where, token_rewards), _from_grid(adv + v, where, token_rewards)
+
+
+def _summed(all_reduce: AllReduce, t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the group, whether `all_reduce` works in place (torch.distributed) or returns the sum."""
+    out = all_reduce(t)
+    return out if isinstance(out, torch.Tensor) else t
 
 
 def whiten(
-    advantages: Sequence[torch.Tensor],
-    masks: Sequence[torch.Tensor],
-    *,
-    eps: float = WHITEN_EPS,
-    all_reduce: AllReduce | None = None,
-) -> list[torch.Tensor]:
+    advantages: torch.Tensor, mask: torch.Tensor, *, eps: float = WHITEN_EPS, all_reduce: AllReduce | None = None
+) -> torch.Tensor:
     """`(A - mean) / sqrt(var + eps)` with mean and (Bessel-corrected) var over all trained tokens.
 
-    With `all_reduce` the tokens are those of every data-parallel rank: the token count and sum, then
-    the sum of squared deviations, are summed over the group (two float64 collectives; every rank
-    must call this). Masked positions stay 0. With no trained token at all the advantages are
-    returned unchanged.
+    With `all_reduce`, count, sum and squared deviations are summed over the data-parallel group
+    first, so every rank whitens with the global batch's statistics. Masked positions stay 0. With no
+    trained token at all the advantages are returned unchanged.
     """
-    stats = torch.tensor(
-        [sum(float(m.sum()) for m in masks), sum(float((a * m).sum()) for a, m in zip(advantages, masks))],
-        dtype=torch.float64,
-    )
+    m = mask.to(torch.float64)
+    a = advantages.to(torch.float64)
+    stats = torch.stack([m.sum(), (a * m).sum()])
     if all_reduce is not None:
-        all_reduce(stats)
+        stats = _summed(all_reduce, stats)
     count, total = float(stats[0]), float(stats[1])
     if count == 0:
-        return [a.clone() for a in advantages]
+        return advantages.clone()
     mean = total / count
-    sq = torch.tensor([sum(float((((a - mean) * m) ** 2).sum()) for a, m in zip(advantages, masks))], dtype=torch.float64)
+    sq = (((a - mean) * m) ** 2).sum().reshape(1)
     if all_reduce is not None:
-        all_reduce(sq)
-    var = float(sq[0]) / (count - 1) if count >= 2 else float(sq[0]) / count
+        sq = _summed(all_reduce, sq)
+    var = float(sq) / (count - 1) if count >= 2 else float(sq) / count
     scale = (var + eps) ** -0.5
-    return [(a - mean) * scale * m for a, m in zip(advantages, masks)]
+    return (advantages - mean) * scale * mask

@@ -1,12 +1,14 @@
 """The training losses: PPO/GSPO policy loss, SFT loss, PPO value loss, and `get_loss_function`.
 
-Inputs are per-sample lists of 1-D tensors over response tokens (`log_probs` carries gradient; the
-rest are data), 0/1 loss masks of the same length. Each loss returns `(loss, metrics)`: a scalar
-with gradient, reduced by `miles.algo.reduce.reduce_batch` (per-sample mean, or per-token sum with
-`--calculate-per-token-loss`, divided by `normalizer`; see there), and a dict of detached 0-d
-tensors with stable names. Averaged metrics are reduced exactly like the loss, so a trainer that
-sums them over the micro-batches of one step (passing the step's `normalizer`) gets the step's mean;
-`ratio_max`/`ratio_min` are this call's max/min (combine with max/min).
+Inputs are packed: flat [R] tensors over the response tokens of B samples (`log_probs` carries
+gradient; the rest are data), a 0/1 [R] `loss_mask`, and `segments` (`miles.algo.segments.Segments`)
+saying which tokens belong to which sample. Every per-sample quantity (GSPO's sequence ratio, the
+per-sample mean) is a segment reduction; nothing loops over samples. Each loss returns
+`(loss, metrics)`: a scalar with gradient, reduced by `miles.algo.reduce.reduce_batch` (per-sample
+mean, or per-token sum with `--calculate-per-token-loss`, divided by `normalizer`; see there), and a
+dict of detached 0-d tensors with stable names. Averaged metrics are reduced exactly like the loss, so
+a trainer that sums them over the micro-batches of one step (passing the step's `normalizer`) gets
+the step's mean; `ratio_max`/`ratio_min` are this call's max/min (combine with max/min).
 
 `policy_loss` metrics:
 
@@ -26,14 +28,15 @@ All formulas: docs/algorithms.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from miles.algo.kl import approx_kl
-from miles.algo.reduce import masked_extreme, masked_mean, reduce_batch
+from miles.algo.reduce import masked_extreme, reduce_batch, segment_masked_mean
 from miles.algo.rollout_correction import vanilla_tis
+from miles.algo.segments import Segments
 from miles.config.algo import AlgoConfig
 from miles.errors import UserError
 from miles.utils.load_function import load_function
@@ -81,43 +84,38 @@ def _eps_clip_high(cfg: AlgoConfig) -> float:
 def policy_loss(
     cfg: AlgoConfig,
     *,
-    log_probs: Sequence[torch.Tensor],
-    old_log_probs: Sequence[torch.Tensor],
-    advantages: Sequence[torch.Tensor],
-    loss_masks: Sequence[torch.Tensor],
-    ref_log_probs: Sequence[torch.Tensor] | None = None,
-    rollout_log_probs: Sequence[torch.Tensor] | None = None,
-    entropy: Sequence[torch.Tensor] | None = None,
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    segments: Segments,
+    ref_log_probs: torch.Tensor | None = None,
+    rollout_log_probs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (GSPO: sequence-level ratio) + entropy bonus + KL loss + rollout correction."""
     per_token = cfg.calculate_per_token_loss
-    masks = [m.to(torch.float32) for m in loss_masks]
-    old = [o.detach() for o in old_log_probs]
+    mask = loss_mask.to(torch.float32)
+    old = old_log_probs.detach()
 
     if cfg.advantage_estimator == "gspo":
         # Sequence ratio = geometric mean of token ratios = exp(mean log-ratio); gradient flows to every token.
-        ppo_kl = [masked_mean(o - lp, m).expand_as(lp) for lp, o, m in zip(log_probs, old, masks)]
+        ppo_kl = segments.broadcast(segment_masked_mean(old - log_probs, mask, segments))
     else:
-        ppo_kl = [o - lp for lp, o in zip(log_probs, old)]
-    ppo_kl = [_clean(k, m) for k, m in zip(ppo_kl, masks)]
-    adv = [_clean(a.detach().to(torch.float32), m) for a, m in zip(advantages, masks)]
+        ppo_kl = old - log_probs
+    ppo_kl = _clean(ppo_kl, mask)
+    adv = _clean(advantages.detach().to(torch.float32), mask)
+    pg, clipfrac, ratio = clipped_surrogate(
+        ppo_kl, adv, eps_clip=cfg.eps_clip, eps_clip_high=_eps_clip_high(cfg), eps_clip_c=cfg.eps_clip_c
+    )
 
-    pg, clipfrac, ratio = [], [], []
-    for k, a in zip(ppo_kl, adv):
-        loss_t, clip_t, ratio_t = clipped_surrogate(
-            k, a, eps_clip=cfg.eps_clip, eps_clip_high=_eps_clip_high(cfg), eps_clip_c=cfg.eps_clip_c
-        )
-        pg.append(loss_t)
-        clipfrac.append(clip_t)
-        ratio.append(ratio_t)
+    def reduce(values: torch.Tensor) -> torch.Tensor:
+        return reduce_batch(values, mask, segments, per_token=per_token, normalizer=normalizer)
 
-    def reduce(values: Sequence[torch.Tensor]) -> torch.Tensor:
-        return reduce_batch(values, masks, per_token=per_token, normalizer=normalizer)
-
-    correction_metrics: dict[str, list[torch.Tensor]] = {}
-    pg_masks, denominators = masks, None
+    correction_metrics: dict[str, torch.Tensor] = {}
+    pg_mask, denominators = mask, None
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("--use-tis needs the rollout log-probs of every sample")
@@ -126,12 +124,12 @@ def policy_loss(
             if cfg.custom_tis_function_path
             else vanilla_tis
         )
-        pg, pg_masks, correction_metrics = correct(
-            cfg, pg_loss=pg, train_log_probs=old, rollout_log_probs=list(rollout_log_probs), loss_masks=masks
+        pg, pg_mask, correction_metrics = correct(
+            cfg, pg_loss=pg, train_log_probs=old, rollout_log_probs=rollout_log_probs, loss_mask=mask, segments=segments
         )
-        pg_masks = [m.to(torch.float32) for m in pg_masks]
-        denominators = [m.sum() for m in masks]
-    pg_loss = reduce_batch(pg, pg_masks, per_token=per_token, normalizer=normalizer, denominators=denominators)
+        pg_mask = pg_mask.to(torch.float32)
+        denominators = segments.sum(mask)
+    pg_loss = reduce_batch(pg, pg_mask, segments, per_token=per_token, normalizer=normalizer, denominators=denominators)
 
     loss = pg_loss
     if entropy is not None:
@@ -147,79 +145,78 @@ def policy_loss(
     if cfg.use_kl_loss:
         if ref_log_probs is None:
             raise ValueError("--use-kl-loss needs the reference model's log-probs")
-        kl = []
-        for lp, o, ref, m in zip(log_probs, old, ref_log_probs, masks):
-            ir = (lp - o).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() if cfg.use_unbiased_kl else None
-            kl.append(_clean(approx_kl(lp, ref.detach(), cfg.kl_loss_type, importance_ratio=ir), m))
-        kl_loss = reduce(kl)
+        ir = (log_probs - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() if cfg.use_unbiased_kl else None
+        kl_loss = reduce(_clean(approx_kl(log_probs, ref_log_probs.detach(), cfg.kl_loss_type, importance_ratio=ir), mask))
         loss = loss + cfg.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
 
     with torch.no_grad():
+        lp = log_probs.detach()
         metrics.update(
             loss=loss.detach(),
             pg_loss=pg_loss.detach(),
             entropy_loss=entropy_loss.detach(),
             pg_clipfrac=reduce(clipfrac),
-            ppo_kl=reduce([k.detach() for k in ppo_kl]),
-            approx_kl=reduce([_clean(approx_kl(o, lp.detach(), "k3"), m) for lp, o, m in zip(log_probs, old, masks)]),
-            ratio_mean=reduce([r.detach() for r in ratio]),
-            ratio_max=masked_extreme(ratio, masks, largest=True),
-            ratio_min=masked_extreme(ratio, masks, largest=False),
+            ppo_kl=reduce(ppo_kl.detach()),
+            approx_kl=reduce(_clean(approx_kl(old, lp, "k3"), mask)),
+            ratio_mean=reduce(ratio.detach()),
+            ratio_max=masked_extreme(ratio, mask, largest=True),
+            ratio_min=masked_extreme(ratio, mask, largest=False),
         )
         if rollout_log_probs is not None:
-            rollout = [r.detach() for r in rollout_log_probs]
-            metrics["train_rollout_logprob_abs_diff"] = reduce([_clean((o - r).abs(), m) for o, r, m in zip(old, rollout, masks)])
-            metrics["train_rollout_kl"] = reduce([_clean(approx_kl(r, o, "low_var_kl"), m) for o, r, m in zip(old, rollout, masks)])
+            rollout = rollout_log_probs.detach()
+            metrics["train_rollout_logprob_abs_diff"] = reduce(_clean((old - rollout).abs(), mask))
+            metrics["train_rollout_kl"] = reduce(_clean(approx_kl(rollout, old, "low_var_kl"), mask))
         for name, values in correction_metrics.items():
-            metrics[name] = values.detach() if isinstance(values, torch.Tensor) else reduce(values)
+            # A per-token [R] metric is reduced like the loss; a 0-d one is already the batch's value.
+            metrics[name] = values.detach() if values.dim() == 0 else reduce(values.detach())
     return loss, metrics
 
 
 def sft_loss(
     cfg: AlgoConfig,
     *,
-    log_probs: Sequence[torch.Tensor],
-    loss_masks: Sequence[torch.Tensor],
+    log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    segments: Segments,
     normalizer: float | torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Negative log-likelihood of the response tokens, reduced like the policy loss."""
-    masks = [m.to(torch.float32) for m in loss_masks]
-    loss = -reduce_batch(log_probs, masks, per_token=cfg.calculate_per_token_loss, normalizer=normalizer)
+    mask = loss_mask.to(torch.float32)
+    loss = -reduce_batch(log_probs, mask, segments, per_token=cfg.calculate_per_token_loss, normalizer=normalizer)
     return loss, {"loss": loss.detach()}
 
 
 def value_loss(
     cfg: AlgoConfig,
     *,
-    values: Sequence[torch.Tensor],
-    old_values: Sequence[torch.Tensor],
-    returns: Sequence[torch.Tensor],
-    loss_masks: Sequence[torch.Tensor],
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    segments: Segments,
     normalizer: float | torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO value loss `max((V - R)^2, (V_old + clip(V - V_old, ±value_clip) - R)^2)` (no 1/2 factor)."""
-    masks = [m.to(torch.float32) for m in loss_masks]
+    mask = loss_mask.to(torch.float32)
     per_token = cfg.calculate_per_token_loss
-    losses, clipfrac = [], []
-    for v, v_old, ret in zip(values, old_values, returns):
-        v_old, ret = v_old.detach(), ret.detach()
-        v_clipped = v_old + (v - v_old).clamp(-cfg.value_clip, cfg.value_clip)
-        losses.append(torch.maximum((v - ret) ** 2, (v_clipped - ret) ** 2))
-        clipfrac.append(((v.detach() - v_old).abs() > cfg.value_clip).float())
-    loss = reduce_batch(losses, masks, per_token=per_token, normalizer=normalizer)
-    frac = reduce_batch(clipfrac, masks, per_token=per_token, normalizer=normalizer)
+    v_old, ret = old_values.detach(), returns.detach()
+    v_clipped = v_old + (values - v_old).clamp(-cfg.value_clip, cfg.value_clip)
+    losses = torch.maximum((values - ret) ** 2, (v_clipped - ret) ** 2)
+    clipfrac = ((values.detach() - v_old).abs() > cfg.value_clip).float()
+    loss = reduce_batch(losses, mask, segments, per_token=per_token, normalizer=normalizer)
+    frac = reduce_batch(clipfrac, mask, segments, per_token=per_token, normalizer=normalizer)
     return loss, {"value_loss": loss.detach(), "value_clipfrac": frac}
 
 
 def get_loss_function(cfg: AlgoConfig, *, critic: bool = False) -> LossFn:
     """The loss for `--loss-type` (`value_loss` for the critic). Every loss takes the policy_loss keywords.
 
-    A custom loss (`--custom-loss-function-path`) is called exactly like `policy_loss`:
-    `fn(cfg, *, log_probs, old_log_probs, advantages, loss_masks, ref_log_probs, rollout_log_probs,
-    entropy, normalizer, **kwargs) -> (loss, metrics)`.
+    A custom loss (`--custom-loss-function-path`) is called exactly like `policy_loss`, with packed
+    [R] tensors and the `Segments` of their samples:
+    `fn(cfg, *, log_probs, old_log_probs, advantages, loss_mask, segments, ref_log_probs, rollout_log_probs, entropy, normalizer, **kwargs) -> (loss, metrics)`.
     """
     if critic:
         return value_loss

@@ -67,7 +67,10 @@ def list_checkpoints(save_dir: str | os.PathLike[str]) -> list[int]:
 
 
 def _complete(path: Path) -> bool:
-    return (path / STATE_FILE).is_file() and (path / EXTRA_FILE).is_file()
+    # extra.json is written into the temporary directory before the rename that publishes it, and the
+    # trainer state is either one STATE_FILE or per-rank shards (torch DCP / torch_dist), so a
+    # published directory with extra.json is complete.
+    return (path / EXTRA_FILE).is_file()
 
 
 def latest_checkpoint(save_dir: str | os.PathLike[str], *, flag: str = "--load") -> LatestCheckpoint | None:

@@ -12,7 +12,7 @@ export into the same parent directory:
   template), copied unchanged; its weight files are not copied.
 
 The weights are taken in Hugging Face naming: a `PreTrainedModel`'s `state_dict()`, or an iterable of
-(name, tensor) such as `TorchTrainer.named_weights_for_sync()`. Not a converter: a megatron
+(name, tensor) such as `TorchBackend.named_weights_for_sync()`. Not a converter: a megatron
 checkpoint goes through `miles convert` first.
 
 Use: `export_hf(trainer.model, hf_dir, "runs/x/hf_step_10")`, then

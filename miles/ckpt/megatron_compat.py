@@ -103,6 +103,67 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
+# Training (miles/backends/megatron) reaches megatron-core code that creates small bookkeeping tensors
+# with a literal device='cuda' (loss-scale and found-inf flags in the optimizer, norms in grad
+# clipping, token counters in the pipeline schedules, shape exchange in p2p communication). Those
+# modules get a `torch` that maps that device to the CPU; everything else is the real torch.
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like")
+_MODULES_WITH_CUDA_LITERALS = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.finalize_model_grads",
+    "megatron.core.utils",  # the local multi_tensor_l2_norm / scale fallbacks
+)
+
+
+class _TorchOnCpu:
+    """The `torch` module as seen by one megatron-core module: device='cuda' factories make CPU tensors."""
+
+    def __init__(self, real: Any):
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._real, name)
+        if name not in _FACTORIES:
+            return value
+
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return value(*args, **kwargs)
+
+        return factory
+
+
+def _with_cuda_type_names(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` while `Tensor.type()` names CPU tensors as their CUDA twins: megatron-core's fp32
+    optimizer paths assert `param.type() == 'torch.cuda.FloatTensor'` to pick the fp32 branch."""
+    import functools
+
+    import torch
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        real = torch.Tensor.type
+
+        def cuda_named(self, dtype=None, non_blocking=False, **kw):  # noqa: ANN001
+            if dtype is None and not kw and not self.is_cuda:
+                return real(self).replace("torch.", "torch.cuda.", 1)
+            return real(self, dtype, non_blocking, **kw)
+
+        torch.Tensor.type = cuda_named
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.Tensor.type = real
+
+    return wrapper
+
+
 def _patches() -> list[tuple[str, str, Callable[..., Any]]]:
     return [
         ("torch.cuda", "current_device", _cpu_current_device),
@@ -115,13 +176,58 @@ def _patches() -> list[tuple[str, str, Callable[..., Any]]]:
     ]
 
 
+def _with_cuda_as_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` while `Tensor.cuda()` returns the tensor itself: a tied model split over pipeline
+    stages moves the output layer's copy of the embedding with `.data.cuda()` before all-reducing it."""
+    import functools
+
+    import torch
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        real = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda self, *a, **k: self
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.Tensor.cuda = real
+
+    return wrapper
+
+
+def _training_patches() -> list[tuple[str, str, Any]]:
+    import torch
+
+    out: list[tuple[str, str, Any]] = [(m, "torch", _TorchOnCpu(torch)) for m in _MODULES_WITH_CUDA_LITERALS]
+    clip = importlib.import_module("megatron.core.optimizer.clip_grads").clip_grad_by_total_norm_fp32
+    out.append(("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32", _with_cuda_type_names(clip)))
+    dist_opt = importlib.import_module("megatron.core.optimizer.distrib_optimizer").DistributedOptimizer
+    build = dist_opt.__dict__["_build_model_and_main_param_groups"]
+    out.append(("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer", "_build_model_and_main_param_groups",
+                type(build)(_with_cuda_type_names(build.__func__))))  # keep it a classmethod/staticmethod
+    lm = importlib.import_module("megatron.core.models.common.language_module.language_module").LanguageModule
+    out.append(("megatron.core.models.common.language_module.language_module.LanguageModule",
+                "setup_embeddings_and_output_layer", _with_cuda_as_cpu(lm.__dict__["setup_embeddings_and_output_layer"])))
+    return out
+
+
+def _target(path: str) -> Any:
+    """A module, or a class inside one ("pkg.module.Class")."""
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError:
+        module_name, _, cls = path.rpartition(".")
+        return getattr(importlib.import_module(module_name), cls)
+
+
 def _apply() -> None:
     global _RNG_WAS_PATCHED
-    for module_name, attr, replacement in _patches():
-        module = importlib.import_module(module_name)
+    for module_name, attr, replacement in _patches() + _training_patches():
+        module = _target(module_name)
         key = (module_name, attr)
         if key not in _ORIGINALS:
-            _ORIGINALS[key] = getattr(module, attr)
+            # __dict__ first: a staticmethod must be restored as the staticmethod object itself.
+            _ORIGINALS[key] = module.__dict__[attr] if attr in module.__dict__ else getattr(module, attr)
             setattr(module, attr, replacement)
     # The model-parallel RNG tracker forks the *CUDA* generator around every attention dropout and
     # embedding dropout (entered on each forward even with dropout 0). megatron-core's own inference
@@ -136,7 +242,7 @@ def _apply() -> None:
 def _restore() -> None:
     global _RNG_WAS_PATCHED
     for (module_name, attr), original in list(_ORIGINALS.items()):
-        setattr(importlib.import_module(module_name), attr, original)
+        setattr(_target(module_name), attr, original)
         del _ORIGINALS[(module_name, attr)]
     if _RNG_WAS_PATCHED:
         from megatron.core.tensor_parallel import random as mp_random

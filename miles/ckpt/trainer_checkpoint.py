@@ -3,24 +3,34 @@
 Layout (the tracker name is the one upstream miles and Megatron use):
 
     <save_dir>/latest_checkpointed_iteration.txt   the rollout id of the last complete checkpoint
-    <save_dir>/iter_0000007/trainer_state.pt       model + optimizer + LR schedule + RNG (torch.save)
+    <save_dir>/iter_0000007/...                    the trainer's per-rank state, written by every
+                                                   training rank itself (torch backend: a
+                                                   torch.distributed.checkpoint, `.metadata` +
+                                                   `__<rank>_0.distcp`; megatron: torch_dist)
     <save_dir>/iter_0000007/extra.json             the driver's data: data-source position, ... (json)
+
+The trainer's state never passes through the driver: the driver calls `begin_checkpoint` (a fresh
+temporary directory), every rank writes its own shard into it (`TrainerBackend.save_checkpoint`),
+then the driver calls `commit_checkpoint` (extra.json, fsync, rename, tracker). `save_checkpoint`
+does all three for a state dict held in one process (`trainer_state.pt`, torch.save).
 
 Crash safety: a checkpoint is written into `<save_dir>/.tmp-iter_<id>-<pid>/`, every file fsynced,
 the directory renamed to `iter_<id>` only when complete, and the tracker rewritten (temp file +
 `os.replace`) last. A SIGKILL at any moment leaves either the previous tracker (the new directory is
 ignored) or the new one pointing at a complete directory. Temp directories left by a killed writer
-are removed by the next save; loading never changes the directory (a reader pointed at a live run
-must not delete its save in progress; see `miles.ckpt.checkpoint_dir`). The tracker is the only
-source of truth: an `iter_*` directory it does not name is never loaded.
+are removed by the next save (`begin_checkpoint`); loading never changes the directory (a reader
+pointed at a live run must not delete its save in progress; see `miles.ckpt.checkpoint_dir`). The
+tracker is the only source of truth: an `iter_*` directory it does not name is never loaded.
 
 Not here: the HF export (`miles.ckpt.hf_export`) and the megatron `torch_dist` format.
 
 Use:
 
-    save_checkpoint(save_dir, rollout_id, trainer.state_dict(), {"data_position": 12}, keep_last=3)
-    found = load_latest_checkpoint(save_dir)        # None when nothing complete is there
-    if found: rollout_id, state, extra = found; trainer.load_state_dict(state)
+    tmp = begin_checkpoint(save_dir, rollout_id)
+    ... every training rank: backend.save_checkpoint(str(tmp)) ...
+    commit_checkpoint(save_dir, rollout_id, tmp, {"data_position": 12}, keep_last=3)
+    found = find_latest_checkpoint(save_dir)        # None when nothing complete is there
+    if found: rollout_id, directory, extra = found  # every rank: backend.load_checkpoint(str(directory))
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from miles.ckpt.checkpoint_dir import (  # noqa: F401  (re-exported: the names c
     list_checkpoints,
     read_tracker,
 )
+from miles.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -69,36 +80,43 @@ def _recover_replaced(save_dir: Path) -> None:
             os.rename(entry, final)
 
 
-def save_checkpoint(
+def begin_checkpoint(save_dir: str | os.PathLike[str], rollout_id: int) -> Path:
+    """Create (and return) the temporary directory the trainer ranks write the checkpoint of
+    `rollout_id` into. Leftovers of interrupted saves are cleaned first."""
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    _recover_replaced(save_dir)
+    _clean_temp_dirs(save_dir)
+    tmp = save_dir / f"{_TMP_PREFIX}{iter_dir_name(rollout_id)}-{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(
     save_dir: str | os.PathLike[str],
     rollout_id: int,
-    trainer_state: dict[str, Any],
+    tmp: Path,
     extra: dict[str, Any],
     *,
     keep_last: int | None = None,
 ) -> Path:
-    """Write the checkpoint of `rollout_id` atomically and point the tracker at it; returns its dir.
+    """Finish the checkpoint in `tmp` (from `begin_checkpoint`, filled by every rank): write
+    `extra.json`, fsync everything, rename it to `iter_<id>`, point the tracker at it; returns its dir.
 
-    `extra` must be json-able (checked before anything is written). With `keep_last=N`, complete
-    checkpoints older than the newest N are deleted after the tracker moved.
+    `extra` must be json-able. With `keep_last=N`, complete checkpoints older than the newest N are
+    deleted after the tracker moved.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
     extra_text = json.dumps(extra, indent=2, sort_keys=True)
     save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    _recover_replaced(save_dir)
-    _clean_temp_dirs(save_dir)
-
-    final = save_dir / iter_dir_name(rollout_id)
-    tmp = save_dir / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
-    tmp.mkdir()
-    torch.save(trainer_state, tmp / STATE_FILE)
     (tmp / EXTRA_FILE).write_text(extra_text)
-    for f in (STATE_FILE, EXTRA_FILE):
-        fsync_path(tmp / f)
+    for f in sorted(tmp.rglob("*")):
+        if f.is_file():
+            fsync_path(f)
     fsync_path(tmp)
 
+    final = save_dir / iter_dir_name(rollout_id)
     if final.exists():
         # Re-saving an id: move the old one aside first; a crash between the two renames leaves the
         # old directory under `.replaced-`, which `_recover_replaced` puts back.
@@ -123,16 +141,50 @@ def save_checkpoint(
     return final
 
 
-def load_latest_checkpoint(
+def save_checkpoint(
+    save_dir: str | os.PathLike[str],
+    rollout_id: int,
+    trainer_state: dict[str, Any],
+    extra: dict[str, Any],
+    *,
+    keep_last: int | None = None,
+) -> Path:
+    """Write a state dict held in this process as the checkpoint of `rollout_id` (atomically; see
+    `commit_checkpoint`). `extra` is checked to be json-able before anything is written."""
+    json.dumps(extra)
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    tmp = begin_checkpoint(save_dir, rollout_id)
+    torch.save(trainer_state, tmp / STATE_FILE)
+    return commit_checkpoint(save_dir, rollout_id, tmp, extra, keep_last=keep_last)
+
+
+def find_latest_checkpoint(
     load_dir: str | os.PathLike[str], *, flag: str = "--load"
-) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-    """`(rollout_id, trainer_state, extra)` of the checkpoint the tracker names, or None when the
+) -> tuple[int, Path, dict[str, Any]] | None:
+    """`(rollout_id, directory, extra)` of the checkpoint the tracker names, or None when the
     directory or the tracker is missing. Reads only: nothing in `load_dir` is created, renamed or removed."""
     found = latest_checkpoint(load_dir, flag=flag)
     if found is None:
         if list_checkpoints(load_dir):
             logger.warning("%s has iter_* directories but no %s; not resuming from them", load_dir, TRACKER)
         return None
-    state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=True)
-    extra = json.loads((found.path / EXTRA_FILE).read_text())
-    return found.rollout_id, state, extra
+    return found.rollout_id, found.path, json.loads((found.path / EXTRA_FILE).read_text())
+
+
+def load_latest_checkpoint(
+    load_dir: str | os.PathLike[str], *, flag: str = "--load"
+) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """`(rollout_id, trainer_state, extra)` of a checkpoint written by `save_checkpoint` (one state
+    file), or None when nothing complete is there. Reads only."""
+    found = find_latest_checkpoint(load_dir, flag=flag)
+    if found is None:
+        return None
+    rollout_id, ckpt, extra = found
+    if not (ckpt / STATE_FILE).is_file():
+        raise UserError(
+            f"{flag} {load_dir}: {ckpt.name} has no {STATE_FILE}; it holds a per-rank trainer checkpoint, "
+            "which the trainer loads itself.",
+            option=flag,
+        )
+    return rollout_id, torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True), extra

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Mapping
 
-from miles.config.engine import EngineConfig, option_specs
+from miles.config.engine import EngineConfig, option_specs, spec
 from miles.config.values import format_value, parse_scalar
 from miles.errors import UserError
 
@@ -107,9 +107,29 @@ def _check_engines(cfg: EngineConfig) -> None:
     )
 
 
+def _check_megatron(cfg: EngineConfig) -> None:
+    """The megatron options only apply with --train-backend megatron; their layout is checked there."""
+    t = cfg.train
+    if t.train_backend != "megatron":
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "expert_model_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+                     "recompute_num_layers", "use_distributed_optimizer", "transformer_impl", "fp8_format", "attention_backend"):
+            flag = "--" + name.replace("_", "-")
+            _require(cfg.get(name) == spec(name).default, f"{flag} applies only to --train-backend megatron; add that or drop {flag}.", flag)
+        return
+    from miles.backends.megatron.parallel import check_hardware, check_layout
+
+    c = cfg.cluster
+    world = c.actor_num_nodes * c.actor_num_gpus_per_node
+    check_layout(cfg, world)
+    if c.device == "cpu":  # with "auto" the trainer checks once it knows the device
+        check_hardware(cfg, cuda=False)
+
+
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
     _check_engines(cfg)
+    _check_megatron(cfg)
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(
@@ -207,7 +227,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     )
     world = c.actor_num_nodes * c.actor_num_gpus_per_node
     _require(
-        d.global_batch_size % world == 0,
+        cfg.train.train_backend == "megatron" or d.global_batch_size % world == 0,
         f"--global-batch-size ({d.global_batch_size}) must be divisible by the number of training workers "
         f"(--actor-num-nodes × --actor-num-gpus-per-node = {world}).",
         "--global-batch-size",

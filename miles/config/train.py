@@ -13,7 +13,6 @@ class TrainConfig:
     train_backend: Literal["torch", "megatron"] = option(
         "torch",
         help="Trainer: torch (CPU or GPU, data parallel) or megatron (megatron-core: TP/PP/CP/EP).",
-        unavailable={"megatron": "the megatron-core trainer is not built yet; miles convert already writes its torch_dist checkpoints"},
     )
     micro_batch_size: int = option(1, help="Samples per forward/backward pass; gradients accumulate up to --global-batch-size.")
     deterministic_mode: bool = option(
@@ -28,4 +27,28 @@ class TrainConfig:
         1024**3,
         help="Device memory the trainer leaves free for the rollout engines when colocated.",
         unsupported="it only applies to GPU training, which this build does not run yet",
+    )
+    # megatron-core (--train-backend megatron); upstream Megatron's names. The data-parallel size is
+    # the training worker count divided by TP x PP x CP.
+    tensor_model_parallel_size: int = option(1, help="Megatron: tensor-parallel size (each layer's matrices split over this many ranks).")
+    pipeline_model_parallel_size: int = option(1, help="Megatron: pipeline-parallel size (the layers split into this many consecutive stages).")
+    context_parallel_size: int = option(1, help="Megatron: context-parallel size (each sequence split over this many ranks; needs TransformerEngine, i.e. a GPU).")
+    expert_model_parallel_size: int = option(1, help="Megatron: expert-parallel size (the experts of a MoE layer split over this many ranks).")
+    sequence_parallel: bool = option(False, help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1).")
+    recompute_granularity: Literal["full", "selective"] | None = option(
+        None, help="Megatron: recompute activations in backward instead of storing them: full layers or only the attention core; unset = store all."
+    )
+    recompute_method: Literal["uniform", "block"] | None = option(
+        None, help="Megatron, with --recompute-granularity full: recompute uniform groups of layers or the first N layers of each stage."
+    )
+    recompute_num_layers: int | None = option(
+        None, help="Megatron, with --recompute-granularity full: layers per recompute group (uniform) or recomputed layers per stage (block)."
+    )
+    use_distributed_optimizer: bool = option(False, help="Megatron: shard the optimizer state over the data-parallel ranks (ZeRO-1).")
+    transformer_impl: Literal["local", "transformer_engine"] = option(
+        "local", help="Megatron layer implementation: local (plain PyTorch, any device) or transformer_engine (GPU only)."
+    )
+    fp8_format: Literal["e4m3", "hybrid"] | None = option(None, help="Megatron: train in FP8 with this format (needs TransformerEngine on a GPU); unset = off.")
+    attention_backend: Literal["auto", "local", "flash", "fused", "unfused"] = option(
+        "auto", help="Megatron attention kernel; flash and fused need TransformerEngine on a GPU; local/unfused run anywhere."
     )

@@ -22,13 +22,21 @@ console = Console()
 
 
 def _checkpoint_weights(path: Path):
-    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint
+    from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
 
-    found = load_latest_checkpoint(path, flag="--checkpoint")  # reads only: the run may be live
+    found = find_latest_checkpoint(path, flag="--checkpoint")  # reads only: the run may be live
     if found is None:
         raise UserError(f"--checkpoint {path} holds no complete checkpoint (no latest_checkpointed_iteration.txt).", option="--checkpoint")
-    rollout_id, state, _ = found
-    return rollout_id, state["model"]
+    rollout_id, ckpt_dir, _ = found
+    if not (ckpt_dir / ".metadata").is_file():
+        raise UserError(
+            f"--checkpoint {path}: {ckpt_dir.name} is not a torch-backend checkpoint (no .metadata); convert it to a "
+            "Hugging Face directory with `miles convert` and pass that directory.",
+            option="--checkpoint",
+        )
+    from miles.backends.torch.checkpoint import read_model_weights
+
+    return rollout_id, read_model_weights(str(ckpt_dir))
 
 
 def run_eval(cfg, *, checkpoint: str | None, run_dir: str) -> dict[str, float]:

@@ -49,9 +49,10 @@ def sft_warm_start(
         import torch
         from transformers import AutoTokenizer
 
-        from miles.backends.torch.trainer import TorchTrainer
+        from miles.backends.torch import TorchBackend
         from miles.ckpt.hf_export import export_hf
         from miles.config.algo import AlgoConfig
+        from miles.config.engine import EngineConfig
         from miles.config.optimizer import OptimizerConfig
         from miles.tracking.console import progress
 
@@ -67,9 +68,13 @@ def sft_warm_start(
             raise UserError(f"the SFT data file {data} holds no rows; prepare the task again or point to another file.")
         algo = AlgoConfig(loss_type="sft_loss", calculate_per_token_loss=True)
         opt = OptimizerConfig(lr=lr, lr_decay_style="constant", clip_grad=1.0, seed=seed)
-        trainer = TorchTrainer(
-            base_model, optimizer_cfg=opt, algo_cfg=algo, micro_batch_size=batch_size, deterministic=True, seed=seed
-        )
+        cfg = EngineConfig(algo=algo, optimizer=opt)
+        cfg.rollout.hf_checkpoint = base_model
+        cfg.train.micro_batch_size = batch_size
+        cfg.train.deterministic_mode = True
+        cfg.data.global_batch_size = batch_size
+        cfg.data.num_steps_per_rollout = 1
+        trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")
         rng = random.Random(seed)
         with progress(transient=True) as bar:
             task = bar.add_task("SFT warm start", total=steps)
@@ -81,7 +86,7 @@ def sft_warm_start(
                     "loss_masks": [[1] * n for _, n in batch],
                     "rewards": [0.0] * batch_size,
                 }
-                trainer.train_step(train_data, rollout_id=step, global_batch_size=batch_size)
+                trainer.train_step(train_data, rollout_id=step)
                 bar.advance(task)
         export_hf(dict(trainer.named_weights_for_sync()), base_model, tmp)
 

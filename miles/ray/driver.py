@@ -130,10 +130,10 @@ def _reap(pids: list[int], timeout: float = 10.0) -> None:
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
     import ray
 
-    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint, save_checkpoint
+    from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
     from miles.ray.hosting import remote_object
     from miles.ray.rollout_manager import RolloutManager, pick_device
-    from miles.ray.train_group import TrainWorker, free_port
+    from miles.ray.train_group import TrainWorker
     from miles.tracking import Tracker
     from rich import get_console
 
@@ -173,19 +173,22 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
             d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
-        port = free_port()
         workers = [
-            remote_object(TrainWorker, cfg, rank=r, world_size=world, master_port=port, device=device, actor_options={**options, **bundle_of(r)})
+            remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
             for r in range(world)
         ]
-        wait([w.ready_ref for w in workers], "the training workers to load the model", ACTOR_START_TIMEOUT_S)
+        wait([w.ready_ref for w in workers], "the training workers to start", ACTOR_START_TIMEOUT_S)
+        # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
+        master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
+        wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
 
         start, resumed_from = 0, None
         if cfg.ckpt.load:
-            found = load_latest_checkpoint(cfg.ckpt.load)
+            found = find_latest_checkpoint(cfg.ckpt.load)
             if found is not None:
-                rollout_id, state, extra = found
-                wait([w.load_state_dict.remote(state) for w in workers], "the training workers to load the checkpoint")
+                rollout_id, ckpt_dir, extra = found
+                # Every rank reads its own shard; the trainer state never passes through the driver.
+                wait([w.load_checkpoint.remote(str(ckpt_dir)) for w in workers], f"the training workers to load {ckpt_dir}")
                 wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
                 start, resumed_from = rollout_id + 1, rollout_id
                 get_console().print(f"Resumed from rollout {rollout_id} ({cfg.ckpt.load}); continuing at rollout {start}.")
@@ -230,7 +233,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                     # Logged before the checkpoint: a run killed after its save has no unlogged training step.
                     tracker.log(metrics, step=step)
                     if cfg.ckpt.save and (step == d.num_rollout or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
-                        _save(cfg, workers, manager, rollout_id, save_checkpoint)
+                        _save(cfg, workers, manager, rollout_id)
                     after: dict[str, float] = {}
                     if not cfg.debug.debug_rollout_only:
                         if c.offload_rollout:
@@ -334,9 +337,8 @@ def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> tup
     # The trainer ranks push the buckets to the engines; the driver only orders the three calls.
     sent = sync_weights(cfg, workers, manager, version=version, wait=wait)
     if cfg.debug.check_weight_update_equal:
-        trainer_sum, engine_sum = wait(
-            [workers[0].weights_checksum.remote(), manager.weights_checksum.remote()], "weight checksums"
-        )
+        sums = wait([w.weights_checksum.remote() for w in workers] + [manager.weights_checksum.remote()], "weight checksums")
+        trainer_sum, engine_sum = sums[0], sums[-1]
         if trainer_sum != engine_sum:
             raise StepFailed(
                 f"--check-weight-update-equal: after the weight update to version {version} the rollout engine's "
@@ -345,15 +347,20 @@ def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> tup
     return time.perf_counter() - t0, dict(sent or {})
 
 
-def _save(cfg: EngineConfig, workers, manager, rollout_id: int, save_checkpoint) -> None:
-    state = wait(workers[0].state_dict.remote(), "the trainer state")
+def _save(cfg: EngineConfig, workers, manager, rollout_id: int) -> None:
+    """Every training rank writes its own shard into a temporary directory; the driver adds its own
+    data and commits (rename + tracker) only after every rank returned."""
+    from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint
+
     manager_state = wait(manager.state_dict.remote(), "the data position")
-    save_checkpoint(
+    tmp = begin_checkpoint(cfg.ckpt.save, rollout_id)
+    wait([w.save_checkpoint.remote(str(tmp)) for w in workers], f"the training workers to write their checkpoint shards into {tmp}")
+    commit_checkpoint(
         cfg.ckpt.save,
         rollout_id,
-        state,
+        tmp,
         {"rollout_manager": manager_state, "rollout_id": rollout_id},
         keep_last=cfg.ckpt.keep_last_checkpoints,
     )
     if cfg.ckpt.save_hf:
-        wait(workers[0].export_hf.remote(cfg.ckpt.save_hf.format(rollout_id=rollout_id)), "the Hugging Face export")
+        wait([w.export_hf.remote(cfg.ckpt.save_hf.format(rollout_id=rollout_id)) for w in workers], "the Hugging Face export")

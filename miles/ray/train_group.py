@@ -1,101 +1,138 @@
-"""The training worker group: one `TrainWorker` per data-parallel rank, as Ray actors.
+"""The training worker group: one `TrainWorker` per training rank, as Ray actors.
 
-Every rank holds a `TorchTrainer` over the same weights; with more than one rank they form a gloo
-(CPU) or NCCL (GPU) process group and average gradients, so every rank ends each step with identical
-weights. Rank 0 answers for the group when weights or state are read.
+Each worker holds one rank of the backend that `--train-backend` names (`torch`:
+`miles.backends.torch.TorchBackend`; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
+the `miles.backends.base.TrainerBackend` interface. Start-up is two calls, because the process group
+must exist before a backend is built:
+
+    workers = [remote_object(TrainWorker, cfg, rank=r, world_size=n, device=d) for r in range(n)]
+    addr, port = wait(workers[0].rendezvous_address.remote())   # rank 0's node IP (Ray) and a port there
+    wait([w.start.remote(addr, port) for w in workers])         # init_process_group, build the backend
+
+Multi-node: the address is the IP of the node rank 0 runs on, as Ray sees it
+(`ray.util.get_node_ip_address()` inside the rank-0 actor), and the port is free on that node, so
+ranks on other nodes reach it; nothing assumes 127.0.0.1.
+
+Checkpoints (`save_checkpoint`/`load_checkpoint`) and the weight-bucket stream are collectives: the
+driver calls them on every worker; the weight source (rank 0) hands its buckets to the rollout side.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from miles.config.engine import EngineConfig
-from miles.rollout.engine.base import iter_weight_buckets
+from miles.errors import UserError
+
+if TYPE_CHECKING:
+    from miles.backends.base import TrainerBackend
+
+RENDEZVOUS_TIMEOUT_MIN = 10
 
 
-def free_port() -> int:
+def free_port(host: str = "") -> int:
+    """A TCP port that is free on this node right now (bound on all interfaces, then released)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
+def node_ip_address() -> str:
+    """This node's IP as Ray sees it (what other nodes of the cluster reach it by); outside a Ray
+    worker, the loopback address (a single-process run has no other node)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) -> "TrainerBackend":
+    """The `TrainerBackend` that `--train-backend` names, for one rank."""
+    if cfg.train.train_backend == "torch":
+        from miles.backends.torch import TorchBackend
+
+        return TorchBackend(cfg, rank=rank, world_size=world_size, device=device)
+    if cfg.train.train_backend == "megatron":
+        try:
+            from miles.backends.megatron import MegatronTrainer
+        except ImportError as e:
+            raise UserError(
+                f"--train-backend megatron: the megatron backend cannot be imported ({e}); use --train-backend torch.",
+                option="--train-backend",
+            ) from None
+        return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
+    raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, megatron.", option="--train-backend")
+
+
 class TrainWorker:
-    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, master_port: int, device: str, threads: int = 1):
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1):
         torch.set_num_threads(threads)
-        self.rank, self.world_size = rank, world_size
-        if world_size > 1:
+        self.cfg = cfg
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.backend: TrainerBackend | None = None
+        self._buckets: Iterator[list[tuple[str, torch.Tensor]]] | None = None
+        self._next_bucket: list[tuple[str, torch.Tensor]] | None = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """(this node's IP, a port free on this node): called on rank 0 only."""
+        return node_ip_address(), free_port()
+
+    def start(self, master_addr: str, master_port: int) -> bool:
+        """Join the process group at rank 0's address (when there is more than one rank), then build
+        the backend."""
+        if self.world_size > 1:
             import datetime
 
             import torch.distributed as dist
 
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
             dist.init_process_group(
-                "nccl" if device == "cuda" else "gloo",
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(minutes=10),
+                "nccl" if self.device == "cuda" else "gloo",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=datetime.timedelta(minutes=RENDEZVOUS_TIMEOUT_MIN),
             )
-        from miles.backends.torch.trainer import TorchTrainer
-
-        self.cfg = cfg
-        self.trainer = TorchTrainer(
-            cfg.rollout.hf_checkpoint,
-            optimizer_cfg=cfg.optimizer,
-            algo_cfg=cfg.algo,
-            micro_batch_size=cfg.train.micro_batch_size,
-            deterministic=cfg.train.deterministic_mode,
-            seed=cfg.optimizer.seed,
-            device=device,
-            dp_rank=rank,
-            dp_world_size=world_size,
-            ref_hf_dir=cfg.ckpt.ref_load,
-            temperature=cfg.rollout.rollout_temperature,
-        )
+        self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device)
+        return True
 
     def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
-        d = self.cfg.data
-        return self.trainer.train_step(
-            train_data,
-            rollout_id=rollout_id,
-            global_batch_size=d.global_batch_size,
-            num_steps_per_rollout=d.num_steps_per_rollout,
-            n_samples_per_prompt=d.n_samples_per_prompt,
-        )
+        return self.backend.train_step(train_data, rollout_id=rollout_id)
 
     def offload(self) -> None:
         """--offload-train: weights and optimizer state to host memory while the engine generates."""
-        self._move("cpu")
+        self.backend.offload()
 
     def onload(self) -> None:
-        self._move(self.trainer.device)
+        self.backend.onload()
 
-    def _move(self, device: str) -> None:
-        if self.trainer.device == "cpu":
-            return  # already in host memory
-        for net in (self.trainer.model, self.trainer.ref_model):
-            if net is not None:
-                net.to(device)
-        for state in self.trainer.optimizer.state.values():
-            for key, value in state.items():
-                if torch.is_tensor(value) and value.dim() > 0:
-                    state[key] = value.to(device)
-        if device == "cpu":
-            torch.cuda.empty_cache()
+    # -- weights to the rollout engines --------------------------------------------------------------
+    def begin_weight_buckets(self, bucket_bytes: int) -> bool:
+        """Start this rank's pass over `iter_weight_buckets` (every rank must); True if a bucket follows."""
+        self._buckets = self.backend.iter_weight_buckets(bucket_bytes)
+        self._next_bucket = next(self._buckets, None)
+        return self._next_bucket is not None
 
-    def plan_weight_buckets(self, bucket_bytes: int) -> int:
-        """Group the weights (Hugging Face names) into buckets of at most `bucket_bytes`; returns how many."""
-        buckets = iter_weight_buckets(self.trainer.named_weights_for_sync(), bucket_bytes)
-        self._bucket_names = [[name for name, _ in bucket] for bucket in buckets]
-        return len(self._bucket_names)
+    def weight_buckets_left(self) -> bool:
+        return self._next_bucket is not None
 
-    def weight_bucket(self, index: int) -> list[tuple[str, torch.Tensor]]:
-        """A host-memory copy of bucket `index` only, so one bucket at a time is in flight."""
-        weights = dict(self.trainer.named_weights_for_sync())
-        return [(name, weights[name].detach().clone().cpu()) for name in self._bucket_names[index]]
+    def next_weight_bucket(self) -> list[tuple[str, torch.Tensor]]:
+        """The current bucket as host-memory copies (empty on ranks that are not the weight source),
+        then one step further on the backend's iterator (a collective step on every rank)."""
+        if self._buckets is None or self._next_bucket is None:
+            raise RuntimeError("next_weight_bucket called without begin_weight_buckets, or past the last bucket")
+        bucket = [(name, t.detach().to("cpu", copy=True)) for name, t in self._next_bucket]
+        self._next_bucket = next(self._buckets, None)
+        if self._next_bucket is None:
+            self._buckets = None
+        return bucket
 
     def push_weights(self, targets: dict[str, Any], version: int) -> dict[str, float]:
         """Every rank: iterate the weight buckets; the source rank sends them to the engines (miles/ray/weight_sync.py)."""
@@ -104,19 +141,20 @@ class TrainWorker:
         return push_weights(self, targets, version)
 
     def weights_checksum(self) -> str:
-        from miles.rollout.engine.base import weights_checksum
+        return self.backend.weights_checksum()
 
-        return weights_checksum(self.trainer.named_weights_for_sync())
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        self.backend.save_checkpoint(directory)
 
-    def state_dict(self) -> dict[str, Any]:
-        import copy
+    def load_checkpoint(self, directory: str) -> None:
+        self.backend.load_checkpoint(directory)
 
-        return copy.deepcopy(self.trainer.state_dict())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state)
-
-    def export_hf(self, out_dir: str) -> str:
+    def export_hf(self, out_dir: str) -> str | None:
+        """Write the weights as a Hugging Face directory (every rank takes part; the weight source writes)."""
         from miles.ckpt.hf_export import export_hf
 
-        return str(export_hf(dict(self.trainer.named_weights_for_sync()), self.cfg.rollout.hf_checkpoint, out_dir))
+        weights = {name: t.detach().cpu() for bucket in self.backend.iter_weight_buckets(1 << 30) for name, t in bucket}
+        if not self.backend.is_weight_source:
+            return None
+        return str(export_hf(weights, self.cfg.rollout.hf_checkpoint, out_dir))

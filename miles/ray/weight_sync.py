@@ -25,27 +25,22 @@ import time
 from typing import Any, Iterator
 
 
-def trainer_weight_buckets(trainer, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-    """HF-named weight buckets of at most `bucket_bytes` from one trainer rank.
-
-    Adapter for today's TorchTrainer; with the agreed trainer interface this becomes
-    `trainer.iter_weight_buckets(bucket_bytes)` (a collective every rank iterates to the end).
-    """
-    from miles.rollout.engine.base import iter_weight_buckets
-
-    return iter_weight_buckets(trainer.named_weights_for_sync(), bucket_bytes)
+def trainer_weight_buckets(backend, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """HF-named weight buckets of at most `bucket_bytes` from one trainer rank: the backend's
+    `iter_weight_buckets`, a collective every rank iterates to the end (TP/PP/EP gathers)."""
+    return backend.iter_weight_buckets(bucket_bytes)
 
 
 def is_weight_source(worker) -> bool:
-    """Whether this rank sends (the agreed interface: `trainer.is_weight_source`)."""
-    return getattr(worker.trainer, "is_weight_source", worker.rank == 0)
+    """Whether this rank sends the weights (`TrainerBackend.is_weight_source`)."""
+    return worker.backend.is_weight_source
 
 
 def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, float]:
     """Run on every trainer rank (TrainWorker.push_weights): iterate the buckets, send from the source."""
     import ray
 
-    buckets = trainer_weight_buckets(worker.trainer, targets["bucket_bytes"])
+    buckets = trainer_weight_buckets(worker.backend, targets["bucket_bytes"])
     if not is_weight_source(worker):
         for _ in buckets:  # take part in the collective, send nothing
             pass

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from miles.algo import advantages, kl, losses
+from miles.algo.segments import Segments, pack
 from miles.config.algo import AlgoConfig
 from miles.rollout import train_data
 from miles.sample import Sample, SampleStatus
@@ -44,6 +45,23 @@ def make_samples(rewards, *, response_length: int = 2, group_size: int | None = 
             )
         )
     return out
+
+
+def packed(tensors):
+    """Per-sample lists -> (flat [R] tensor, Segments): the call shape of miles.algo."""
+    return pack(list(tensors))
+
+
+def split(flat: torch.Tensor, seg: Segments) -> list[torch.Tensor]:
+    return seg.split(flat)
+
+
+def call_packed(fn, cfg, *, loss_masks, **per_sample):
+    """Call a packed `miles.algo` loss with per-sample lists: each list is concatenated (torch.cat
+    keeps the gradient path to the list's leaves) and `segments` is built from the mask lengths."""
+    mask, seg = packed(loss_masks)
+    kw = {k: (torch.cat(v) if isinstance(v, list) and v else (torch.zeros(0) if isinstance(v, list) else v)) for k, v in per_sample.items()}
+    return fn(cfg, loss_mask=mask, segments=seg, **kw)
 
 
 def close(actual: torch.Tensor | float, expected, tol: float = 1e-6) -> None:
@@ -82,13 +100,13 @@ def check_train_data_rewards() -> None:
 
 def check_policy_loss_hand_numbers() -> None:
     """PPO surrogate, eps_clip 0.2 / eps_clip_high 0.3, four samples, per-sample mean over 4 samples."""
-    old = [T([-1.0, -1.0, -1.0]), T([-1.0, -1.0]), T([-1.0]), T([])]
-    ratios = [[1.5, 0.5, 1.1], [1.5, 0.5], [2.0], []]
-    lp = [(o + T(r).log()).requires_grad_() for o, r in zip(old, ratios)]
-    adv = [T([1.0, 1.0, 1.0]), T([-1.0, -1.0]), T([1.0]), T([])]
-    masks = [T([1.0, 1.0, 1.0]), T([1.0, 1.0]), T([0.0]), T([])]
+    old, seg = packed([T([-1.0, -1.0, -1.0]), T([-1.0, -1.0]), T([-1.0]), T([])])
+    ratios, _ = packed([T([1.5, 0.5, 1.1]), T([1.5, 0.5]), T([2.0]), T([])])
+    lp = (old + ratios.log()).requires_grad_()
+    adv, _ = packed([T([1.0, 1.0, 1.0]), T([-1.0, -1.0]), T([1.0]), T([])])
+    masks, _ = packed([T([1.0, 1.0, 1.0]), T([1.0, 1.0]), T([0.0]), T([])])
     cfg = make_cfg(eps_clip=0.2, eps_clip_high=0.3)
-    loss, m = losses.policy_loss(cfg, log_probs=lp, old_log_probs=old, advantages=adv, loss_masks=masks)
+    loss, m = losses.policy_loss(cfg, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=masks, segments=seg)
     # sample 1 (A=+1): rho 1.5 -> max(-1.5, -1.3) = -1.3 (clipped); rho 0.5 -> max(-0.5, -0.8) = -0.5; rho 1.1 -> -1.1
     #   mean (-1.3 - 0.5 - 1.1) / 3 = -0.9666667, clipfrac 1/3
     # sample 2 (A=-1): rho 1.5 -> max(1.5, 1.3) = 1.5; rho 0.5 -> max(0.5, 0.8) = 0.8 (clipped); mean 1.15, clipfrac 1/2
@@ -98,9 +116,10 @@ def check_policy_loss_hand_numbers() -> None:
     close(m["pg_clipfrac"], (1 / 3 + 1 / 2) / 4)
     loss.backward()
     # d/dlp of -rho*A / (3 * 4) = -rho*A/12 on unclipped tokens of sample 1; rho*1/(2*4) on sample 2
-    close(lp[0].grad, [0.0, -0.5 / 12, -1.1 / 12])
-    close(lp[1].grad, [1.5 / 8, 0.0])
-    close(lp[2].grad, [0.0])
+    grad = split(lp.grad, seg)
+    close(grad[0], [0.0, -0.5 / 12, -1.1 / 12])
+    close(grad[1], [1.5 / 8, 0.0])
+    close(grad[2], [0.0])
 
 
 def check_reinforce_plus_plus() -> None:
@@ -108,27 +127,28 @@ def check_reinforce_plus_plus() -> None:
     # k1 kl = lp - ref = [0.5, 0, -1]; trained tokens 0 and 2 (token 1 is tool output)
     # token rewards: t0 = -0.1*0.5 = -0.05; t2 = -0.1*(-1) + 1.0 = 1.1
     # G2 = 1.1; G0 = -0.05 + 0.5 * 1.1 = 0.5 (the masked token is not a step)
+    mask, seg = packed([T([1.0, 0.0, 1.0])])
     adv, ret = advantages.compute_advantages_and_returns(
         cfg,
         rewards=T([1.0]),
-        loss_masks=[T([1.0, 0.0, 1.0])],
+        loss_mask=mask,
+        segments=seg,
         n_samples_per_prompt=1,
-        log_probs=[T([-1.0, -2.0, -3.0])],
-        ref_log_probs=[T([-1.5, -2.0, -2.0])],
+        log_probs=T([-1.0, -2.0, -3.0]),
+        ref_log_probs=T([-1.5, -2.0, -2.0]),
     )
-    close(adv[0], [0.5, 0.0, 1.1])
-    close(ret[0], [0.5, 0.0, 1.1])
+    close(adv, [0.5, 0.0, 1.1])
+    close(ret, [0.5, 0.0, 1.1])
 
 
 def check_gae() -> None:
     cfg = make_cfg(advantage_estimator="ppo", gamma=0.9, lambd=0.5)
+    mask, seg = packed([T([1.0, 1.0, 1.0]), T([1.0, 0.0, 1.0])])
+    values, _ = packed([T([0.5, 0.2, 0.4]), T([0.5, 9.0, 0.4])])
     adv, ret = advantages.compute_advantages_and_returns(
-        cfg,
-        rewards=T([1.0, 1.0]),
-        loss_masks=[T([1.0, 1.0, 1.0]), T([1.0, 0.0, 1.0])],
-        n_samples_per_prompt=1,
-        values=[T([0.5, 0.2, 0.4]), T([0.5, 9.0, 0.4])],
+        cfg, rewards=T([1.0, 1.0]), loss_mask=mask, segments=seg, n_samples_per_prompt=1, values=values
     )
+    adv, ret = split(adv, seg), split(ret, seg)
     # sample 1: d2 = 1 - 0.4 = 0.6; d1 = 0.9*0.4 - 0.2 = 0.16; d0 = 0.9*0.2 - 0.5 = -0.32
     #   A2 = 0.6; A1 = 0.16 + 0.45*0.6 = 0.43; A0 = -0.32 + 0.45*0.43 = -0.1265; returns A + V
     close(adv[0], [-0.1265, 0.43, 0.6])
@@ -140,9 +160,10 @@ def check_gae() -> None:
 
 def check_per_sample_reduction() -> None:
     # SFT: per-sample mean -((-1 - 2)/2 + (-3)/1) / 2 = 2.25; per-token -(-6)/3 = 2
-    lp, masks = [T([-1.0, -2.0]), T([-3.0])], [T([1.0, 1.0]), T([1.0])]
-    loss, _ = losses.sft_loss(make_cfg(), log_probs=lp, loss_masks=masks)
+    lp, seg = packed([T([-1.0, -2.0]), T([-3.0])])
+    masks, _ = packed([T([1.0, 1.0]), T([1.0])])
+    loss, _ = losses.sft_loss(make_cfg(), log_probs=lp, loss_mask=masks, segments=seg)
     close(loss, 2.25)
-    loss, _ = losses.sft_loss(make_cfg(calculate_per_token_loss=True), log_probs=lp, loss_masks=masks)
+    loss, _ = losses.sft_loss(make_cfg(calculate_per_token_loss=True), log_probs=lp, loss_mask=masks, segments=seg)
     close(loss, 2.0)
 

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 import torch
 
-from algo_hand_checks import T, check_gae, check_group_normalization, check_reinforce_plus_plus, close, make_cfg
-from miles.algo.advantages import compute_advantages_and_returns, normalize_group_rewards, whiten
+from algo_hand_checks import T, check_gae, check_group_normalization, check_reinforce_plus_plus, close, make_cfg, packed
+from miles.algo import advantages as _advantages
+from miles.algo.advantages import normalize_group_rewards
+
+
+def compute_advantages_and_returns(cfg, *, loss_masks, log_probs=None, ref_log_probs=None, values=None, **kw):
+    """The packed estimator called with per-sample lists; returns per-sample lists."""
+    mask, seg = packed(loss_masks)
+    cat = lambda xs: None if xs is None else packed(xs)[0]  # noqa: E731
+    adv, ret = _advantages.compute_advantages_and_returns(
+        cfg, loss_mask=mask, segments=seg, log_probs=cat(log_probs), ref_log_probs=cat(ref_log_probs), values=cat(values), **kw
+    )
+    return seg.split(adv), seg.split(ret)
+
+
+def whiten(advantages, masks, **kw):
+    flat, seg = packed(advantages)
+    return seg.split(_advantages.whiten(flat, packed(masks)[0], **kw))
 
 
 def test_group_normalization_hand_numbers():

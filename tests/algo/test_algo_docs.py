@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from algo_hand_checks import T, make_cfg
+from algo_hand_checks import T, call_packed, make_cfg
 from miles.algo.losses import policy_loss, value_loss
 from miles.algo.rollout_correction import mis_function
 from miles.config.algo import AlgoConfig, MisConfig
@@ -26,18 +26,18 @@ def test_page_mentions_exactly_the_algo_flags():
 def test_every_emitted_metric_is_documented():
     cfg = make_cfg(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, entropy_coef=0.01)
     one = [T([-1.0, -1.2])]
-    _, m = policy_loss(
-        cfg, log_probs=one, old_log_probs=one, advantages=[T([1.0, -1.0])], loss_masks=[T([1.0, 1.0])],
+    _, m = call_packed(
+        policy_loss, cfg, log_probs=one, old_log_probs=one, advantages=[T([1.0, -1.0])], loss_masks=[T([1.0, 1.0])],
         ref_log_probs=[T([-1.1, -1.0])], rollout_log_probs=[T([-0.9, -1.3])], entropy=[T([0.5, 0.7])],
     )
-    _, v = value_loss(cfg, values=one, old_values=one, returns=one, loss_masks=[T([1.0, 1.0])])
+    _, v = call_packed(value_loss, cfg, values=one, old_values=one, returns=one, loss_masks=[T([1.0, 1.0])])
     names = set(m) | set(v)
     for mis in (
         MisConfig(tis_mode="truncate", use_rs=True, rs_veto_threshold=0.01, tis_batch_normalize=True),
         MisConfig(tis_mode="clip"),
         MisConfig(tis_mode="mask"),
     ):
-        _, _, mm = mis_function(cfg, pg_loss=one, train_log_probs=one, rollout_log_probs=[T([-0.9, -1.3])], loss_masks=[T([1.0, 1.0])], mis=mis)
+        _, _, mm = call_packed(mis_function, cfg, pg_loss=one, train_log_probs=one, rollout_log_probs=[T([-0.9, -1.3])], loss_masks=[T([1.0, 1.0])], mis=mis)
         names |= set(mm)
     documented = set(re.findall(r"`([a-z0-9_]+)`", PAGE))
     missing = {n for n in names if n not in documented and n.removeprefix("mis_") not in documented}

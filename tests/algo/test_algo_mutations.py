@@ -72,20 +72,20 @@ def test_k3_sign_flip_is_caught(monkeypatch):
 
 
 def test_gamma_lambda_swapped_in_gae_is_caught(monkeypatch):
-    monkeypatch.setattr(advantages, "gae", lambda r, v, m, *, gamma, lambd: _right_gae(r, v, m, gamma=lambd, lambd=gamma))
+    monkeypatch.setattr(advantages, "gae", lambda r, v, m, seg, *, gamma, lambd: _right_gae(r, v, m, seg, gamma=lambd, lambd=gamma))
     _assert_check_fails(checks.check_gae)
 
 
 def test_discounting_over_masked_tokens_is_caught(monkeypatch):
-    def all_tokens(token_rewards, masks, *, gamma):
+    def all_tokens(token_rewards, mask, segments, *, gamma):
         out = []
-        for r in token_rewards:
+        for r in segments.split(token_rewards):
             g, running = torch.zeros_like(r), 0.0
             for t in range(r.numel() - 1, -1, -1):
                 running = r[t] + gamma * running
                 g[t] = running
             out.append(g)
-        return out
+        return torch.cat(out)
 
     monkeypatch.setattr(advantages, "_discounted_returns", all_tokens)
     _assert_check_fails(checks.check_reinforce_plus_plus)
@@ -94,8 +94,8 @@ def test_discounting_over_masked_tokens_is_caught(monkeypatch):
 def test_token_mean_instead_of_sample_mean_is_caught(monkeypatch):
     right = reduce.reduce_batch
 
-    def always_per_token(values, masks, *, per_token, normalizer=None, denominators=None):
-        return right(values, masks, per_token=True, normalizer=normalizer, denominators=denominators)
+    def always_per_token(values, mask, segments, *, per_token, normalizer=None, denominators=None):
+        return right(values, mask, segments, per_token=True, normalizer=normalizer, denominators=denominators)
 
     monkeypatch.setattr(losses, "reduce_batch", always_per_token)
     _assert_check_fails(checks.check_per_sample_reduction)

@@ -8,8 +8,13 @@ import math
 import pytest
 import torch
 
-from algo_hand_checks import T, check_per_sample_reduction, check_policy_loss_hand_numbers, close, make_cfg
-from miles.algo.losses import get_loss_function, policy_loss, sft_loss, value_loss
+from algo_hand_checks import T, call_packed, check_per_sample_reduction, check_policy_loss_hand_numbers, close, make_cfg
+from miles.algo import losses
+from miles.algo.losses import get_loss_function, sft_loss, value_loss
+
+
+def policy_loss(cfg, **kw):
+    return call_packed(losses.policy_loss, cfg, **kw)
 from miles.errors import UserError
 
 
@@ -159,7 +164,7 @@ def test_sft_loss_reductions():
 def test_value_loss_hand_numbers():
     cfg = make_cfg(value_clip=0.2)
     v = [T([1.0, 0.5, 0.3], requires_grad=True)]
-    loss, m = value_loss(cfg, values=v, old_values=[T([0.5, 0.45, 0.0])], returns=[T([0.6, 1.0, 1.0])], loss_masks=[T([1.0, 1.0, 1.0])])
+    loss, m = call_packed(value_loss, cfg, values=v, old_values=[T([0.5, 0.45, 0.0])], returns=[T([0.6, 1.0, 1.0])], loss_masks=[T([1.0, 1.0, 1.0])])
     # t0: v-v_old = 0.5 clipped to 0.2 -> 0.7: max((1-0.6)^2, (0.7-0.6)^2) = 0.16 (clipped)
     # t1: 0.05 within the clip: (0.5-1)^2 = 0.25
     # t2: 0.3 clipped to 0.2: max((0.3-1)^2, (0.2-1)^2) = 0.64 (clipped)
@@ -171,7 +176,7 @@ def test_value_loss_hand_numbers():
 
 
 def test_get_loss_function_dispatch(tmp_path, monkeypatch):
-    assert get_loss_function(make_cfg()) is policy_loss
+    assert get_loss_function(make_cfg()) is losses.policy_loss
     assert get_loss_function(make_cfg(loss_type="sft_loss")) is sft_loss
     assert get_loss_function(make_cfg(), critic=True) is value_loss
     (tmp_path / "my_loss.py").write_text("def loss(cfg, **kw):\n    return 42, {}\n")

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from algo_hand_checks import T, close, make_cfg
-from miles.algo.losses import policy_loss
+from algo_hand_checks import T, call_packed, close, make_cfg, packed
+from miles.algo.losses import policy_loss as _policy_loss
 from miles.algo.rollout_correction import mis_function
 from miles.config.algo import MIS_FUNCTION_PATH, MisConfig
 
@@ -20,7 +20,13 @@ PG = T([-1.0, -1.0, -1.0])
 
 
 def run(mis: MisConfig, *, pg=(PG,), train=(OLD,), rollout=(ROLLOUT,), masks=(MASK,)):
-    return mis_function(make_cfg(), pg_loss=list(pg), train_log_probs=list(train), rollout_log_probs=list(rollout), loss_masks=list(masks), mis=mis)
+    """mis_function on the packed samples; outputs split back per sample (lists) for the checks."""
+    mask, seg = packed(masks)
+    out, new_mask, metrics = mis_function(
+        make_cfg(), pg_loss=packed(pg)[0], train_log_probs=packed(train)[0], rollout_log_probs=packed(rollout)[0],
+        loss_mask=mask, segments=seg, mis=mis,
+    )
+    return seg.split(out), seg.split(new_mask), {k: seg.split(v) for k, v in metrics.items()}
 
 
 def test_truncate_token_level():
@@ -103,8 +109,8 @@ def test_policy_loss_with_mis_yaml_keeps_original_denominators(tmp_path):
     yaml_path.write_text("use_tis: true\ntis_mode: mask\ntis_lower_bound: 0.5\ntis_upper_bound: 2.0\n")
     cfg = make_cfg(use_tis=True, custom_tis_function_path=MIS_FUNCTION_PATH, custom_config_path=str(yaml_path))
     cfg.check(n_samples_per_prompt=1)
-    loss, m = policy_loss(
-        cfg, log_probs=[OLD.clone().requires_grad_()], old_log_probs=[OLD], advantages=[T([1.0] * 3)],
+    loss, m = call_packed(
+        _policy_loss, cfg, log_probs=[OLD.clone().requires_grad_()], old_log_probs=[OLD], advantages=[T([1.0] * 3)],
         loss_masks=[MASK], rollout_log_probs=[ROLLOUT],
     )
     # only the middle token (rho 1) survives: -1 * 1 summed, divided by the ORIGINAL 3 tokens

@@ -53,3 +53,37 @@ def make_train_data(n: int, *, seed: int = 0, with_rollout_log_probs: bool = Fal
     if with_rollout_log_probs:
         data["rollout_log_probs"] = [[-rng.uniform(2.0, 4.0) for _ in m] for m in data["loss_masks"]]
     return data
+
+
+def make_engine_cfg(
+    hf_dir: str,
+    *,
+    algo=None,
+    micro_batch_size: int = 2,
+    deterministic: bool = True,
+    global_batch_size: int | None = None,
+    num_steps_per_rollout: int = 1,
+    n_samples_per_prompt: int = 1,
+    temperature: float = 1.0,
+    **optimizer,
+):
+    """An EngineConfig for a `TorchBackend` on `hf_dir` with these training settings (what resolve()
+    would fill for a real run: eps_clip_high, the batch knobs)."""
+    from miles.config.algo import AlgoConfig
+    from miles.config.engine import EngineConfig
+    from miles.config.optimizer import OptimizerConfig
+
+    cfg = EngineConfig()
+    cfg.rollout.hf_checkpoint = hf_dir
+    cfg.rollout.rollout_temperature = temperature
+    cfg.train.micro_batch_size = micro_batch_size
+    cfg.train.deterministic_mode = deterministic
+    cfg.data.global_batch_size = global_batch_size
+    cfg.data.num_steps_per_rollout = num_steps_per_rollout
+    cfg.data.n_samples_per_prompt = n_samples_per_prompt
+    optimizer.setdefault("lr", 1e-3)
+    cfg.optimizer = OptimizerConfig(**optimizer)
+    cfg.algo = algo or AlgoConfig()
+    if cfg.algo.eps_clip_high is None:
+        cfg.algo.eps_clip_high = cfg.algo.eps_clip
+    return cfg

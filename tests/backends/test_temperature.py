@@ -2,7 +2,7 @@
 
 Real output of the built-in engine (sampled at T = 0.7, top-k/top-p off) goes through the trainer's
 forward; its log-probs must equal the engine's per token within 1e-5 (two implementations: KV-cached
-incremental decoding vs one padded forward, so not bit-exact). Scoring the same tokens at T = 1,
+incremental decoding vs one packed/padded forward, so not bit-exact). Scoring the same tokens at T = 1,
 what the trainer did before, is off by far more, which shows the check has power.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backend_fixtures import make_engine_cfg
 
 from miles.algo.entropy import entropy_from_logits
-from miles.backends.torch.forward import response_log_probs, scale_logits_by_temperature
-from miles.backends.torch.trainer import TorchTrainer
-from miles.config.algo import AlgoConfig
-from miles.config.optimizer import OptimizerConfig
+from miles.backends.packing import pack_samples
+from miles.backends.torch.forward import scale_logits_by_temperature
+from miles.backends.torch.trainer import TorchBackend
 from miles.prepare.tiny_model import create_tiny_qwen3
 from miles.rollout.engine.base import GenerateRequest, SamplingParams
 from miles.rollout.engine.builtin import BuiltinEngine
@@ -50,38 +50,36 @@ def _engine_rollout(hf_dir: str, temperature: float, **sp) -> dict:
                         return_logprob=True)
         for i, p in enumerate(prompts)
     ]
-    data = {"tokens": [], "response_lengths": [], "engine": []}
+    data = {"tokens": [], "response_lengths": [], "loss_masks": [], "engine": []}
     for req, resp in zip(reqs, engine.generate(reqs)):
         if not resp.output_ids:
             continue
         data["tokens"].append(list(req.input_ids) + list(resp.output_ids))
         data["response_lengths"].append(len(resp.output_ids))
+        data["loss_masks"].append([1] * len(resp.output_ids))
         data["engine"].append(torch.tensor(resp.output_token_logprobs))
     assert sum(data["response_lengths"]) >= 50
     return data
 
 
-def _trainer(hf_dir: str, temperature: float) -> TorchTrainer:
-    return TorchTrainer(hf_dir, optimizer_cfg=OptimizerConfig(), algo_cfg=AlgoConfig(), micro_batch_size=5,
-                        deterministic=True, seed=0, temperature=temperature)
-
-
-def _max_diff(trainer: TorchTrainer, data: dict) -> float:
-    ours = trainer.compute_log_probs(data)
-    return max(float((a - b).abs().max()) for a, b in zip(ours, data["engine"]))
+def _max_diff(hf_dir: str, temperature: float, data: dict) -> float:
+    backend = TorchBackend(make_engine_cfg(hf_dir, temperature=temperature, micro_batch_size=5))
+    batch = pack_samples(data, range(len(data["tokens"])), "cpu")
+    ours, _ = backend.compute_log_probs(batch)
+    return float((ours - torch.cat(data["engine"])).abs().max())
 
 
 def test_trainer_log_probs_equal_the_engines_at_the_rollout_temperature(sharp_hf_dir):
     data = _engine_rollout(sharp_hf_dir, T)
-    assert _max_diff(_trainer(sharp_hf_dir, T), data) <= 1e-5
+    assert _max_diff(sharp_hf_dir, T, data) <= 1e-5
     # The bug this guards: scoring T-samples with the T = 1 policy.
-    assert _max_diff(_trainer(sharp_hf_dir, 1.0), data) > 1e-2
+    assert _max_diff(sharp_hf_dir, 1.0, data) > 1e-2
 
 
 def test_greedy_rollouts_are_scored_at_temperature_one(sharp_hf_dir):
     # --rollout-temperature 0: the engine reports log_softmax(logits) of the argmax token.
     data = _engine_rollout(sharp_hf_dir, 0.0)
-    assert _max_diff(_trainer(sharp_hf_dir, 0.0), data) <= 1e-5
+    assert _max_diff(sharp_hf_dir, 0.0, data) <= 1e-5
 
 
 def test_entropy_is_the_entropy_of_the_tempered_distribution(sharp_hf_dir):
@@ -89,8 +87,10 @@ def test_entropy_is_the_entropy_of_the_tempered_distribution(sharp_hf_dir):
 
     model = AutoModelForCausalLM.from_pretrained(sharp_hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
     tokens, r = [5, 9, 4, 7, 11, 3], 3
+    backend = TorchBackend(make_engine_cfg(sharp_hf_dir, temperature=T))
+    batch = pack_samples({"tokens": [tokens], "response_lengths": [r], "loss_masks": [[1] * r]}, [0], "cpu")
+    lp, ent = backend.compute_log_probs(batch, with_entropy=True)
     with torch.no_grad():
-        (lp,), (ent,) = response_log_probs(model, [tokens], [r], entropy_fn=entropy_from_logits, temperature=T)
         logits = model(input_ids=torch.tensor([tokens])).logits[0, len(tokens) - r - 1 : len(tokens) - 1].double()
     p = torch.softmax(logits / T, dim=-1)
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1).float(), rtol=0, atol=1e-5)

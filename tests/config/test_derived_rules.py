@@ -30,6 +30,7 @@ CASES = [
     {"hf_checkpoint": "/m", "rollout_temperature": 0.7, "rollout_top_p": 0.9, "rollout_top_k": 5},
     {"input_key": "question", "label_key": "answer"},
     {"actor_num_gpus_per_node": 2, "colocate": True},
+    {"train_backend": "megatron", "actor_num_gpus_per_node": 2, "tensor_model_parallel_size": 2},  # megatron on 2 workers
     {"over_sampling_batch_size": 8},
 ]
 
@@ -91,7 +92,10 @@ def test_a_rule_that_lies_is_caught():
         ({"save_interval": 5}, "--save-interval"),
         ({"eval_prompt_data": ["only-a-name"]}, "--eval-prompt-data"),
         ({"rollout_max_context_len": 10, "rollout_max_prompt_len": 10}, "--rollout-max-prompt-len"),
-        ({"train_backend": "megatron"}, "--train-backend"),
+        ({"train_backend": "megatron", "actor_num_gpus_per_node": 3, "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
+        ({"train_backend": "megatron", "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
+        ({"train_backend": "megatron", "device": "cpu", "fp8_format": "e4m3"}, "--fp8-format"),
+        ({"tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"rollout_backend": "sglang"}, "--rollout-backend"),
         ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
         ({"use_fault_tolerance": True}, "--use-fault-tolerance"),  # no engine servers to restart

@@ -68,7 +68,9 @@ def final_state(run_dir: Path) -> dict:
     ckpt = run_dir / "checkpoints"
     it = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
     path = next((ckpt / p for p in [f"iter_{int(it):07d}"] if (ckpt / p).exists()))
-    return torch.load(next(path.glob("*.pt")), weights_only=True)
+    from miles.backends.torch.checkpoint import read_model_weights
+
+    return {"model": read_model_weights(str(path))}
 
 
 def test_debug_minimal_runs_the_whole_loop_and_resumes(work):

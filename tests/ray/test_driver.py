@@ -39,9 +39,10 @@ def config(files, run_dir, **values):
 
 
 def final_weights(run_dir):
-    from miles.ckpt.trainer_checkpoint import load_latest_checkpoint
+    from miles.backends.torch.checkpoint import read_model_weights
+    from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
 
-    return load_latest_checkpoint(run_dir / "ckpt")[1]["model"]
+    return read_model_weights(str(find_latest_checkpoint(run_dir / "ckpt")[1]))
 
 
 def warm_config(warm_start, run_dir, **values):

@@ -1,92 +1,171 @@
-"""Forward passes that return per-token log-probs (and entropies) of each sample's response.
+"""The forward pass of a packed batch: per-response-token log-probs (and entropies) of a HF causal LM.
 
-Alignment: a causal LM's logits at position t predict token t + 1. For a sample with L tokens whose
-last R are the response, the response tokens sit at positions L-R .. L-1, so their log-probs come
-from the logits at positions L-R-1 .. L-2. A sample therefore needs at least one prompt token.
+Alignment: a causal LM's logits at position t predict token t + 1, so the response tokens of a
+sample (its last R tokens) are scored by the logits at the positions just before them. Only those
+positions go through the LM head: `ResponseLogits` runs the decoder, gathers the hidden states that
+predict response tokens and applies the head to them alone ([R, V] logits; the prompt's logits are
+never built).
 
-Samples of a micro-batch are right-padded to the longest one; with a causal mask, the padding at the
-end cannot change the logits of the real positions before it. Only the response slice of the logits
-is turned into log-probs, so memory beyond the model's own logits is O(response tokens x vocab).
+Layout: a `PackedBatch` is one token stream. How it meets the attention kernel is chosen per
+micro-batch by cost (`choose_layout`):
 
-Temperature: the rollout engine samples from `softmax(logits / T)` with T = `--rollout-temperature`
-and reports the log-prob of each token under that distribution (before top-k/top-p truncation), as
-SGLang does. The trainer must score the same policy, so `response_log_probs(..., temperature=T)`
-divides the logits by T (`scale_logits_by_temperature`) before the log-softmax and the entropy; T = 0
-(greedy) scores at 1, which is what the engine reports for greedy rows. Without this, PPO's ratio,
-TIS weights and `train/train_rollout_logprob_abs_diff` compare a T = 1 policy with T samples.
+- "packed": one row [1, T] with per-sample position ids and no attention mask; HF then builds a
+  block-diagonal causal mask itself (needs `use_cache=False`). Attention work grows with T^2, so this
+  wins only when lengths differ wildly (one long sample among short ones);
+- "padded": B rows right-padded to the longest sample with a 0/1 attention mask; attention work
+  grows with B * L_max^2. On CPU (eager / sdpa kernels, no varlen attention) this is usually cheaper.
 
-Use: `log_probs, entropies = response_log_probs(model, tokens, response_lengths, temperature=T)`; wrap
-it in `torch.no_grad()` when no gradient is needed.
+Both give the same numbers up to float rounding (tests/backends/test_forward.py); the no-grad pass
+that computes old log-probs and the training pass use the same layout for the same micro-batch, so
+an on-policy ratio is exactly 1.
+
+Temperature: the logits are divided by `--rollout-temperature` before the softmax (upstream's rule;
+SGLang returns log-probs of `logits / temperature`), except at temperature 0 (greedy), where engines
+return unscaled log-probs.
+
+Use: `log_probs, entropy = response_log_probs(ResponseLogits(hf_model), batch, temperature=0.8)`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Literal
 
 import torch
 
-EntropyFn = Callable[[torch.Tensor], torch.Tensor]
+from miles.backends.base import PackedBatch
+from miles.backends.packing import position_ids, response_positions
+
+Layout = Literal["packed", "padded"]
 
 
-def pad_right(token_lists: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`input_ids` [B, T] right-padded with `pad_id` and the matching 0/1 `attention_mask`."""
-    width = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
-    for i, tokens in enumerate(token_lists):
-        ids[i, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-        mask[i, : len(tokens)] = 1
-    return ids, mask
+def choose_layout(lengths: list[int], hidden_size: int) -> Layout:
+    """The cheaper layout for sequences of `lengths` under a dense (non-varlen) attention kernel.
+
+    Per token, the linear layers cost about 3 * hidden multiply-adds per hidden unit and attention
+    about one per attended position, so a row of L tokens costs ~ L * (3 h + L).
+    """
+    total, longest = sum(lengths), max(lengths, default=0)
+    packed = total * (3 * hidden_size + total)
+    padded = len(lengths) * longest * (3 * hidden_size + longest)
+    return "packed" if packed < padded else "padded"
+
+
+class ResponseLogits(torch.nn.Module):
+    """Wraps a HF causal LM: `forward(...)` returns the logits [R, V] that predict the response tokens.
+
+    A module of its own so that DistributedDataParallel can wrap it (DDP must see the forward that
+    produced the gradients); the HF model stays reachable as `.lm` with its own parameter names.
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden = self.lm.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden[rows, cols])
+        cap = getattr(self.lm.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def layout_inputs(batch: PackedBatch, layout: Layout, pad_id: int = 0) -> dict[str, torch.Tensor | None]:
+    """The keyword arguments of `ResponseLogits.forward` for `batch` in `layout`."""
+    target = response_positions(batch)  # [R] stream positions of the response tokens
+    if layout == "packed":
+        return {
+            "input_ids": batch.tokens.unsqueeze(0),
+            "attention_mask": None,
+            "position_ids": position_ids(batch).unsqueeze(0),
+            "rows": torch.zeros_like(target),
+            "cols": target - 1,
+        }
+    lengths = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]
+    width = int(lengths.max()) if lengths.numel() else 0
+    sample_of_stream = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    col_of_stream = torch.arange(batch.tokens.numel(), device=lengths.device) - batch.cu_seqlens[sample_of_stream]
+    ids = torch.full((lengths.numel(), width), pad_id, dtype=torch.long, device=batch.tokens.device)
+    mask = torch.zeros_like(ids)
+    ids[sample_of_stream, col_of_stream] = batch.tokens
+    mask[sample_of_stream, col_of_stream] = 1
+    sample = batch.sample_index_of_token
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": None,
+        "rows": sample,
+        "cols": target - batch.cu_seqlens[sample] - 1,
+    }
 
 
 def scale_logits_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """`logits / temperature`, the logits of the distribution the rollout engine samples from.
-
-    temperature 0 means greedy decoding, whose log-probs the engine reports at T = 1, so 0 and 1 both
-    return `logits` unchanged. Negative temperatures are rejected (the config rejects them earlier).
-    """
+    """`logits / temperature`, the distribution the engine sampled from; temperature 0 (greedy) and 1
+    return `logits` itself (engines report unscaled log-probs for greedy rows)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature in (0, 1):
+    if temperature == 0 or temperature == 1.0:
         return logits
     return logits / temperature
 
 
-def response_log_probs(
-    model: torch.nn.Module,
-    tokens: Sequence[Sequence[int]],
-    response_lengths: Sequence[int],
-    *,
-    entropy_fn: EntropyFn | None = None,
-    device: str | torch.device = "cpu",
-    temperature: float = 1.0,
-) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """One forward over the samples; per sample the log-probs [R] of its R response tokens (float32).
+def log_probs_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, *, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [R] of `targets` under `logits` [R, V] / temperature, and the entropy [R] if asked."""
+    from miles.algo.entropy import entropy_from_logits
 
-    The log-probs (and, with `entropy_fn` (logits [N, V] -> entropy [N]), the entropies) are those of
-    `softmax(logits / temperature)` at each response position (see the module docstring). Gradients
-    flow unless the caller disables them.
+    logits = scale_logits_by_temperature(logits.float(), temperature)
+    # One fused log-softmax: its backward needs only its output, so the [R, V] logits can be freed
+    # (the same memory a logsumexp-based gather would keep alive) and no op re-exponentiates them.
+    logp = torch.log_softmax(logits, dim=-1)
+    log_probs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        if entropy_grad:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                # H = -sum_v p_v log p_v from the log-softmax already computed. A -inf logit (a masked
+                # vocabulary entry) gives 0 * -inf = NaN here; such rows take the careful formula.
+                lp_ = logp.detach()
+                entropy = -torch.linalg.vecdot(torch.exp(lp_), lp_)
+                bad = ~torch.isfinite(entropy)
+                if bad.any():
+                    entropy[bad] = entropy_from_logits(logits.detach()[bad])
+    return log_probs, entropy
+
+
+def response_log_probs(
+    net: torch.nn.Module,
+    batch: PackedBatch,
+    *,
+    temperature: float,
+    layout: Layout | None = None,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [R] (and entropies [R]) of the batch's response tokens; gradients flow unless disabled.
+
+    `net` is a `ResponseLogits` (or a DDP wrapping one). `layout=None` picks the cheaper one.
     """
-    for t, r in zip(tokens, response_lengths, strict=True):
-        if not 0 <= r < len(t):
-            raise ValueError(
-                f"a sample has {len(t)} tokens and response_length {r}; it needs 0 <= response_length < "
-                "len(tokens) (at least one prompt token predicts the first response token)"
-            )
-    input_ids, attention_mask = pad_right(tokens)
-    logits = model(
-        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
-    ).logits
-    # One gather of every response position of the batch: slicing per sample would make backward
-    # allocate (and sum) a full-size logits gradient per sample.
-    rows = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r in enumerate(response_lengths)])
-    cols = torch.cat([torch.arange(len(t) - r - 1, len(t) - 1) for t, r in zip(tokens, response_lengths)])
-    step_logits = logits[rows.to(logits.device), cols.to(logits.device)].float()  # [sum R, V]
-    step_logits = scale_logits_by_temperature(step_logits, temperature)
-    targets = input_ids[rows, cols + 1].to(logits.device)
-    # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [sum R, V] log-softmax.
-    flat = step_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step_logits, dim=-1)
-    sizes = list(response_lengths)
-    log_probs = list(flat.split(sizes))
-    entropies = list(entropy_fn(step_logits).split(sizes)) if entropy_fn is not None else None
-    return log_probs, entropies
+    if layout is None:
+        hidden = _config_of(net).hidden_size
+        layout = choose_layout((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist(), hidden)
+    logits = net(**layout_inputs(batch, layout))
+    targets = batch.tokens[response_positions(batch)]
+    return log_probs_from_logits(logits, targets, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def _config_of(net: torch.nn.Module):
+    inner = getattr(net, "module", net)  # DDP keeps the wrapped module as .module
+    return inner.lm.config

@@ -62,13 +62,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    # foreach=False: the single-tensor path is the simplest to reason about bit for bit on CPU.
+    # fused: one kernel per parameter for the whole update (about 4x faster than the per-op path on
+    # CPU, see bench/train_step.py); elementwise, so still bit-reproducible run to run.
     return torch.optim.AdamW(
         [g for g in groups if g["params"]],
         lr=lr_at(0, cfg),
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_eps,
-        foreach=False,
+        fused=True,
     )
 
 

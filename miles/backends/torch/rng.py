@@ -61,3 +61,40 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_state_tensors() -> dict[str, torch.Tensor]:
+    """`get_rng_state()` flattened to tensors only (a torch.distributed.checkpoint entry per rank)."""
+    state = get_rng_state()
+    n, p = state["numpy"], state["python"]
+    gauss = p["gauss_next"]
+    out = {
+        "torch": state["torch"],
+        "numpy_keys": n["keys"],
+        "numpy_rest": torch.tensor([n["pos"], n["has_gauss"]], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([n["cached_gaussian"]], dtype=torch.float64),
+        "python_internal": torch.tensor(p["internal"], dtype=torch.int64),
+        "python_rest": torch.tensor([p["version"], gauss is not None], dtype=torch.int64),
+        "python_gauss": torch.tensor([0.0 if gauss is None else gauss], dtype=torch.float64),
+    }
+    for i, s in enumerate(state.get("cuda", [])):
+        out[f"cuda_{i}"] = s
+    return out
+
+
+def set_rng_state_tensors(t: dict[str, torch.Tensor]) -> None:
+    """Restore what `rng_state_tensors` returned."""
+    rest, prest = t["numpy_rest"].tolist(), t["python_rest"].tolist()
+    state: dict[str, Any] = {
+        "torch": t["torch"],
+        "numpy": {"name": "MT19937", "keys": t["numpy_keys"], "pos": rest[0], "has_gauss": rest[1], "cached_gaussian": float(t["numpy_gauss"][0])},
+        "python": {
+            "version": prest[0],
+            "internal": t["python_internal"].tolist(),
+            "gauss_next": float(t["python_gauss"][0]) if prest[1] else None,
+        },
+    }
+    cuda = [t[k] for k in sorted((k for k in t if k.startswith("cuda_")), key=lambda k: int(k[5:]))]
+    if cuda:
+        state["cuda"] = cuda
+    set_rng_state(state)

@@ -1,50 +1,56 @@
-"""`TorchTrainer`: trains a Hugging Face causal LM with the policy (or SFT) loss of `miles.algo`.
+"""`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP over gloo/NCCL).
 
 What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order:
 
-1. cut the rollout into `num_steps_per_rollout` optimizer steps of `global_batch_size` samples; this
-   data-parallel rank takes its slice of each step (`batching.plan_steps`);
+1. cut the rollout into `--num-steps-per-rollout` optimizer steps of `--global-batch-size` samples;
+   this data-parallel rank takes its slice of each step, in micro-batches of `--micro-batch-size`
+   samples (`batching.plan_steps`), each packed once into a `PackedBatch` (`packing.pack_samples`);
 2. old log-probs: a no-grad forward of the actor before any update (or the rollout engine's log-probs
    with `--use-rollout-logprobs`; with one optimizer step per rollout, the detached log-probs of the
-   training forward itself, which are the same numbers); reference log-probs from the frozen reference model when a KL term
-   is on (`--use-kl-loss` or `--kl-coef`);
-3. advantages and returns from the rewards (`miles.algo.advantages`);
-4. per step: micro-batches of `micro_batch_size` samples, forward, loss, backward (gradients
-   accumulate); the loss of each micro-batch is divided by the whole global batch's sample count
-   (or trained-token count with `--calculate-per-token-loss`), so the accumulated gradient is the
-   gradient of the global batch's mean loss however the batch is cut; with DP the gradients are
-   summed over ranks (gloo/NCCL all-reduce), which gives the same mean; then clip, AdamW step, LR
-   schedule.
+   training forward itself, which are the same numbers); reference log-probs from the frozen
+   reference model when a KL term is on (`--use-kl-loss` or `--kl-coef`). All log-probs are of
+   `logits / --rollout-temperature`, as the rollout engine scores them;
+3. advantages and returns of all this rank's samples in one vectorised call
+   (`miles.algo.advantages`); `--normalize-advantages` whitens with statistics summed over the
+   whole data-parallel group, so DP=N whitens exactly like DP=1;
+4. per step: forward, loss (`miles.algo.losses` on packed tokens), backward per micro-batch; the loss
+   of each micro-batch is divided by the whole global batch's sample count (or trained-token count
+   with `--calculate-per-token-loss`), so the accumulated gradient is the gradient of the global
+   batch's mean loss however the batch is cut. With DP the model runs under torch's
+   `DistributedDataParallel`, whose gradient all-reduce (a sum, by a comm hook, since the loss is
+   already normalised by the global batch) overlaps the last micro-batch's backward; then clip,
+   AdamW step, LR schedule.
 
-It is not a distributed launcher: for DP the caller initialises `torch.distributed` (one process per
+The caller (`miles.ray.train_group.TrainWorker`) initialises `torch.distributed` (one process per
 rank) and passes the same full `train_data` to every rank; each rank trains on its own shard.
+Checkpoints are per rank (`save_checkpoint`/`load_checkpoint`, torch.distributed.checkpoint).
 
 Use (in-process or inside a Ray actor):
 
-    trainer = TorchTrainer(hf_dir, optimizer_cfg=cfg.optimizer, algo_cfg=cfg.algo, micro_batch_size=2,
-                           deterministic=True, seed=cfg.optimizer.seed,
-                           temperature=cfg.rollout.rollout_temperature)
-    metrics = trainer.train_step(train_data, rollout_id=0, global_batch_size=8, num_steps_per_rollout=1)
-    for name, tensor in trainer.named_weights_for_sync(): ...   # HF names, for the rollout engine
+    trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")   # cfg: a resolved EngineConfig
+    metrics = trainer.train_step(train_data, rollout_id=0)
+    for bucket in trainer.iter_weight_buckets(cfg.rollout.update_weight_buffer_size): ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import torch
 import torch.distributed as dist
 
+from miles.backends.base import PackedBatch, TrainerBackend
+from miles.backends.packing import pack_samples
 from miles.backends.torch.batching import StepPlan, plan_steps
-from miles.backends.torch.forward import response_log_probs
+from miles.backends.torch.forward import ResponseLogits, response_log_probs
 from miles.backends.torch.optim import LRSchedule, build_optimizer
-from miles.backends.torch.rng import get_rng_state, seed_everything, set_rng_state
-from miles.config.algo import AlgoConfig
-from miles.config.optimizer import OptimizerConfig
+from miles.backends.torch.rng import seed_everything
 
-STATE_FORMAT = "miles.torch_trainer.v1"
+if TYPE_CHECKING:
+    from miles.config.engine import EngineConfig
 
 TrainData = dict[str, Any]
 
@@ -87,66 +93,65 @@ def _all_reduce_metrics(local: dict[str, float]) -> dict[str, float]:
     return out
 
 
-class TorchTrainer:
+def _sum_gradients_hook(process_group, bucket):
+    """DDP comm hook: sum (not average) gradients over ranks; the loss is already divided by the
+    global batch, so the sum is the global batch's gradient, exactly as one process would get it."""
+    fut = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _sum_in_place(t: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(t)
+    return t
+
+
+class TorchBackend(TrainerBackend):
     """The torch training backend. See the module docstring for the step it runs."""
 
-    def __init__(
-        self,
-        hf_dir: str,
-        *,
-        optimizer_cfg: OptimizerConfig,
-        algo_cfg: AlgoConfig,
-        micro_batch_size: int,
-        deterministic: bool,
-        seed: int,
-        device: str = "cpu",
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        ref_hf_dir: str | None = None,
-        temperature: float = 1.0,
-    ):
-        from miles.algo.entropy import entropy_from_logits
+    def __init__(self, cfg: "EngineConfig", *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         from miles.algo.losses import get_loss_function
 
-        if dp_world_size > 1:
+        if world_size > 1:
             if not (dist.is_available() and dist.is_initialized()):
                 raise RuntimeError(
-                    f"dp_world_size={dp_world_size} needs torch.distributed initialised by the caller "
+                    f"world_size={world_size} needs torch.distributed initialised by the caller "
                     "(one process per rank) before the trainer is built"
                 )
-            if dist.get_world_size() != dp_world_size or dist.get_rank() != dp_rank:
+            if dist.get_world_size() != world_size or dist.get_rank() != rank:
                 raise RuntimeError(
-                    f"trainer given dp_rank={dp_rank}/dp_world_size={dp_world_size} but the process group is "
+                    f"trainer given rank={rank}/world_size={world_size} but the process group is "
                     f"rank {dist.get_rank()} of {dist.get_world_size()}"
                 )
-        self.optimizer_cfg = optimizer_cfg
-        self.algo_cfg = algo_cfg
-        self.micro_batch_size = micro_batch_size
-        self.deterministic = deterministic
+        self.cfg = cfg
+        self.algo_cfg = cfg.algo
+        self.optimizer_cfg = cfg.optimizer
+        self.micro_batch_size = cfg.train.micro_batch_size
+        self.temperature = cfg.rollout.rollout_temperature
         self.device = device
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
-        self.temperature = temperature
-        """The rollout temperature: every forward (old, ref, training) scores softmax(logits / T), the
-        distribution the engine sampled from (forward.scale_logits_by_temperature)."""
+        self.rank, self.world_size = rank, world_size
+        self.is_weight_source = rank == 0
 
-        seed_everything(seed, deterministic=deterministic)
-        self.model = _load_causal_lm(hf_dir, device)
+        seed_everything(cfg.optimizer.seed, deterministic=cfg.train.deterministic_mode)
+        self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
         self.model.train()
+        self.net = ResponseLogits(self.model)
+        self.train_net: torch.nn.Module = self.net
+        if world_size > 1:
+            # broadcast_buffers=False: the only buffers are rotary tables, identical on every rank.
+            self.train_net = torch.nn.parallel.DistributedDataParallel(self.net, broadcast_buffers=False)
+            self.train_net.register_comm_hook(None, _sum_gradients_hook)
         self.reuse_on_policy_log_probs = True
         """With one optimizer step per rollout, take the old log-probs from the training forward
         (identical numbers, one forward fewer). False forces the separate no-grad forward."""
         self.ref_model: torch.nn.Module | None = None
+        self.ref_net: ResponseLogits | None = None
         if self.uses_reference:
-            self.ref_model = _load_causal_lm(ref_hf_dir or hf_dir, device)
+            self.ref_model = _load_causal_lm(cfg.ckpt.ref_load or cfg.rollout.hf_checkpoint, device)
             self.ref_model.eval().requires_grad_(False)
-        self.optimizer = build_optimizer(self.model, optimizer_cfg)
-        self.scheduler = LRSchedule(self.optimizer, optimizer_cfg)
-        self.loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = get_loss_function(algo_cfg)
-        # Entropy is always reported (train/entropy_loss); it carries gradient only when it is in the loss.
-        self._entropy_fn: Callable[[torch.Tensor], torch.Tensor] = (
-            entropy_from_logits if algo_cfg.entropy_coef != 0 else (lambda logits: entropy_from_logits(logits.detach()))
-        )
+            self.ref_net = ResponseLogits(self.ref_model)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.scheduler = LRSchedule(self.optimizer, cfg.optimizer)
+        self.loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = get_loss_function(cfg.algo)
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -160,51 +165,19 @@ class TorchTrainer:
 
     # ----------------------------------------------------------------------------------------------
     def compute_log_probs(
-        self,
-        train_data: TrainData,
-        *,
-        model: Literal["actor", "ref"] = "actor",
-        indices: Sequence[int] | None = None,
-    ) -> list[torch.Tensor]:
-        """Per-sample response-token log-probs (no gradient), micro-batched by `micro_batch_size`.
-
-        `indices` picks samples (default: all, in order); the result follows that order.
-        """
-        net = self.model if model == "actor" else self.ref_model
+        self, batch: PackedBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-response-token log-probs [R] (and entropy [R]) of the batch, no grad, at the rollout
+        temperature. The batch runs as one forward: pack micro-batch-sized batches for big rollouts."""
+        net = self.net if model == "actor" else self.ref_net
         if net is None:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
-        if indices is None:
-            indices = range(len(train_data["tokens"]))
-        indices = list(indices)
-        batches = [indices[i : i + self.micro_batch_size] for i in range(0, len(indices), self.micro_batch_size)]
-        return self._forward_no_grad(net, train_data, batches)
-
-    def _forward_no_grad(
-        self, net: torch.nn.Module, train_data: TrainData, micro_batches: Sequence[Sequence[int]]
-    ) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
         with torch.no_grad():
-            for mb in micro_batches:
-                lps, _ = response_log_probs(
-                    net,
-                    [train_data["tokens"][i] for i in mb],
-                    [train_data["response_lengths"][i] for i in mb],
-                    device=self.device,
-                    temperature=self.temperature,
-                )
-                out.extend(lp.detach() for lp in lps)
-        return out
+            lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
+        return lp.detach(), None if ent is None else ent.detach()
 
     # ----------------------------------------------------------------------------------------------
-    def train_step(
-        self,
-        train_data: TrainData,
-        *,
-        rollout_id: int,
-        global_batch_size: int | None = None,
-        num_steps_per_rollout: int = 1,
-        n_samples_per_prompt: int = 1,
-    ) -> dict[str, float]:
+    def train_step(self, train_data: TrainData, *, rollout_id: int) -> dict[str, float]:
         """Train on one rollout (see the module docstring); returns `train/*` and `perf/*` metrics.
 
         `train_data` is the whole rollout (every DP rank gets the same dict): `tokens`,
@@ -213,30 +186,24 @@ class TorchTrainer:
         `train/lr` (the lr of the last step). `rollout_id` only labels errors and logs.
         """
         t0 = time.perf_counter()
+        d = self.cfg.data
         n = len(train_data["tokens"])
         plans = plan_steps(
             n,
-            global_batch_size=global_batch_size,
-            num_steps=num_steps_per_rollout,
+            global_batch_size=d.global_batch_size,
+            num_steps=d.num_steps_per_rollout or 1,
             micro_batch_size=self.micro_batch_size,
-            dp_rank=self.dp_rank,
-            dp_world_size=self.dp_world_size,
+            dp_rank=self.rank,
+            dp_world_size=self.world_size,
         )
         local = [i for p in plans for i in p.local_indices]
-        masks = {
-            i: torch.as_tensor(train_data["loss_masks"][i], dtype=torch.float32, device=self.device) for i in local
-        }
-        per_sample: dict[str, dict[int, torch.Tensor]] = {}
+        batches = {tuple(mb): pack_samples(train_data, mb, self.device) for p in plans for mb in p.micro_batches}
         if not self.is_sft:
-            # A rank may hold part of a prompt group (e.g. 8 samples per prompt, 4 per rank): the group
-            # statistics were taken over whole groups on the rollout side, and every estimator here
-            # works per sample (whitening is reduced over the DP group).
-            per_sample = self._prepare_policy_inputs(train_data, plans, local, masks, n_samples_per_prompt)
+            # No whole-groups requirement: group statistics were taken over whole groups on the rollout
+            # side and every estimator here works per sample, so a rank may hold part of a group.
+            self._prepare_policy_inputs(train_data, plans, local, batches)
 
-        step_metrics: list[dict[str, float]] = []
-        for plan in plans:
-            step_metrics.append(self._optimizer_step(train_data, plan, masks, per_sample, rollout_id))
-
+        step_metrics = [self._optimizer_step(train_data, plan, batches) for plan in plans]
         metrics: dict[str, float] = {}
         for key in step_metrics[0]:
             values = [m[key] for m in step_metrics]
@@ -251,69 +218,52 @@ class TorchTrainer:
         elapsed = time.perf_counter() - t0
         local_tokens = sum(len(train_data["tokens"][i]) for i in local)
         metrics["perf/train_step_time"] = elapsed
-        metrics["perf/train_tokens_per_s"] = local_tokens * self.dp_world_size / elapsed if elapsed > 0 else 0.0
+        metrics["perf/train_tokens_per_s"] = local_tokens * self.world_size / elapsed if elapsed > 0 else 0.0
         return metrics
 
     def _prepare_policy_inputs(
-        self,
-        train_data: TrainData,
-        plans: list[StepPlan],
-        local: list[int],
-        masks: dict[int, torch.Tensor],
-        n_samples_per_prompt: int,
-    ) -> dict[str, dict[int, torch.Tensor]]:
-        """Old log-probs, ref log-probs, rollout log-probs and advantages of this rank's samples."""
+        self, train_data: TrainData, plans: list[StepPlan], local: list[int], batches: dict[tuple, PackedBatch]
+    ) -> None:
+        """Fill old/ref log-probs, advantages and returns of every micro-batch of this rank."""
         from miles.algo.advantages import compute_advantages_and_returns
+        from miles.algo.segments import Segments
 
-        # The same micro-batches as training, so with one step per rollout the first step's ratio is
-        # exactly 1 (identical padding, identical arithmetic).
-        micro_batches = [mb for p in plans for mb in p.micro_batches]
-        out: dict[str, dict[int, torch.Tensor]] = {}
-        rollout_lp = train_data.get("rollout_log_probs")
-        if rollout_lp is not None:
-            out["rollout_log_probs"] = {
-                i: torch.as_tensor(rollout_lp[i], dtype=torch.float32, device=self.device) for i in local
-            }
-        old: list[torch.Tensor] | None
+        ordered = [batches[tuple(mb)] for p in plans for mb in p.micro_batches]  # in `local` order
         if self.algo_cfg.use_rollout_logprobs:
-            if rollout_lp is None:
+            if any(b.rollout_log_probs is None for b in ordered):
                 raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
-            old = [out["rollout_log_probs"][i] for i in local]
+            for b in ordered:
+                b.old_log_probs = b.rollout_log_probs
         elif len(plans) == 1 and self.algo_cfg.kl_coef == 0 and self.reuse_on_policy_log_probs:
             # One optimizer step per rollout: the weights do not change before the training forward,
             # which runs the same micro-batches, so its detached log-probs ARE the old log-probs (bit
             # for bit); skip a whole forward pass. kl_coef needs them earlier, for the advantages.
-            old = None
+            pass
         else:
-            old = self._forward_no_grad(self.model, train_data, micro_batches)
-        if old is not None:
-            out["old_log_probs"] = dict(zip(local, old))
-        ref = None
-        if self.ref_model is not None:
-            ref = self._forward_no_grad(self.ref_model, train_data, micro_batches)
-            out["ref_log_probs"] = dict(zip(local, ref))
-        rewards = torch.as_tensor([float(train_data["rewards"][i]) for i in local], dtype=torch.float32)
+            for b in ordered:
+                b.old_log_probs = self.compute_log_probs(b)[0]
+        if self.ref_net is not None:
+            for b in ordered:
+                b.ref_log_probs = self.compute_log_probs(b, model="ref")[0]
+
+        cat = lambda name: None if getattr(ordered[0], name) is None else torch.cat([getattr(b, name) for b in ordered])  # noqa: E731
         advantages, returns = compute_advantages_and_returns(
             self.algo_cfg,
-            rewards=rewards,
-            loss_masks=[masks[i] for i in local],
-            n_samples_per_prompt=n_samples_per_prompt,
-            log_probs=old,
-            ref_log_probs=ref,
-            all_reduce=dist.all_reduce if self.dp_world_size > 1 else None,
+            rewards=torch.tensor([float(train_data["rewards"][i]) for i in local], dtype=torch.float32, device=self.device),
+            loss_mask=torch.cat([b.loss_mask for b in ordered]),
+            segments=Segments.from_lengths(torch.cat([b.response_lengths for b in ordered])),
+            n_samples_per_prompt=self.cfg.data.n_samples_per_prompt,
+            log_probs=cat("old_log_probs"),
+            ref_log_probs=cat("ref_log_probs"),
+            all_reduce=_sum_in_place if self.world_size > 1 else None,
         )
-        out["advantages"] = dict(zip(local, advantages))
-        out["returns"] = dict(zip(local, returns))
-        return out
+        sizes = [b.loss_mask.numel() for b in ordered]
+        for b, a, r in zip(ordered, advantages.split(sizes), returns.split(sizes)):
+            b.advantages, b.returns = a, r
 
-    def _optimizer_step(
-        self,
-        train_data: TrainData,
-        plan: StepPlan,
-        masks: dict[int, torch.Tensor],
-        per_sample: dict[str, dict[int, torch.Tensor]],
-        rollout_id: int,
-    ) -> dict[str, float]:
+    def _optimizer_step(self, train_data: TrainData, plan: StepPlan, batches: dict[tuple, PackedBatch]) -> dict[str, float]:
+        from miles.algo.segments import Segments
+
         cfg = self.algo_cfg
         if cfg.calculate_per_token_loss:
             normalizer = float(sum(sum(train_data["loss_masks"][i]) for i in plan.global_indices))
@@ -322,39 +272,43 @@ class TorchTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for mb in plan.micro_batches:
-            log_probs, entropy = response_log_probs(
-                self.model,
-                [train_data["tokens"][i] for i in mb],
-                [train_data["response_lengths"][i] for i in mb],
-                entropy_fn=None if self.is_sft else self._entropy_fn,
-                device=self.device,
-                temperature=self.temperature,
-            )
-            mb_masks = [masks[i] for i in mb]
-            if self.is_sft:
-                loss, metrics = self.loss_fn(cfg, log_probs=log_probs, loss_masks=mb_masks, normalizer=normalizer)
-            else:
-                pick = lambda key: [per_sample[key][i] for i in mb] if key in per_sample else None  # noqa: E731
-                old = pick("old_log_probs")
-                loss, metrics = self.loss_fn(
-                    cfg,
-                    log_probs=log_probs,
-                    old_log_probs=old if old is not None else [lp.detach() for lp in log_probs],
-                    advantages=pick("advantages"),
-                    loss_masks=mb_masks,
-                    ref_log_probs=pick("ref_log_probs"),
-                    rollout_log_probs=pick("rollout_log_probs"),
-                    entropy=entropy,
-                    normalizer=normalizer,
+        last = len(plan.micro_batches) - 1
+        for k, mb in enumerate(plan.micro_batches):
+            batch = batches[tuple(mb)]
+            # Gradients of all but the last micro-batch stay local; DDP all-reduces on the last backward.
+            sync = self.train_net.no_sync() if self.world_size > 1 and k < last else contextlib.nullcontext()
+            with sync:
+                log_probs, entropy = response_log_probs(
+                    self.train_net,
+                    batch,
+                    temperature=self.temperature,
+                    with_entropy=not self.is_sft,
+                    entropy_grad=cfg.entropy_coef != 0,
                 )
-            loss.backward()
+                segments = Segments(batch.response_cu_seqlens)
+                if self.is_sft:
+                    loss, metrics = self.loss_fn(
+                        cfg, log_probs=log_probs, loss_mask=batch.loss_mask, segments=segments, normalizer=normalizer
+                    )
+                else:
+                    loss, metrics = self.loss_fn(
+                        cfg,
+                        log_probs=log_probs,
+                        old_log_probs=batch.old_log_probs if batch.old_log_probs is not None else log_probs.detach(),
+                        advantages=batch.advantages,
+                        loss_mask=batch.loss_mask,
+                        segments=segments,
+                        ref_log_probs=batch.ref_log_probs,
+                        rollout_log_probs=batch.rollout_log_probs,
+                        entropy=entropy,
+                        normalizer=normalizer,
+                    )
+                loss.backward()
             metrics = {"loss": loss, **metrics}
             for key, value in metrics.items():
                 _combine(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
 
-        if self.dp_world_size > 1:
-            self._all_reduce_grads()
+        if self.world_size > 1:
             sums = _all_reduce_metrics(sums)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -374,19 +328,37 @@ class TorchTrainer:
         out.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/skipped_step": skipped})
         return out
 
-    def _all_reduce_grads(self) -> None:
-        """Sum gradients over DP ranks in one flat buffer (one collective instead of one per tensor)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            numel = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + numel].view_as(p.grad))
-            offset += numel
+    # ----------------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """--offload-train: weights and optimizer state to host memory while the engine generates."""
+        self._move("cpu")
+
+    def onload(self) -> None:
+        self._move(self.device)
+
+    def _move(self, device: str) -> None:
+        if self.device == "cpu":
+            return  # already in host memory
+        for net in (self.model, self.ref_model):
+            if net is not None:
+                net.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    state[key] = value.to(device)
+        if device == "cpu":
+            torch.cuda.empty_cache()
+
+    # ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        from miles.backends.torch import checkpoint
+
+        checkpoint.save(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, rank=self.rank)
+
+    def load_checkpoint(self, directory: str) -> None:
+        from miles.backends.torch import checkpoint
+
+        checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, rank=self.rank)
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -401,24 +373,18 @@ class TorchTrainer:
             seen.add(ptr)
             yield name, tensor.detach()
 
-    # ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, LR schedule and this process's RNG states (tensors and plain data only,
-        loadable with `torch.load(weights_only=True)`). The tensors are live references: save or copy
-        them before the next `train_step`."""
-        return {
-            "format": STATE_FORMAT,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": get_rng_state(),
-        }
+    def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """HF-named full weights in buckets of at most `bucket_bytes` (a bigger tensor travels alone).
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned, RNG states included."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a torch trainer state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        Under DDP every rank holds the full weights, so no collective is needed: every rank plans the
+        same buckets, and ranks other than the weight source yield them empty.
+        """
+        from miles.rollout.engine.base import iter_weight_buckets
+
+        for bucket in iter_weight_buckets(self.named_weights_for_sync(), bucket_bytes):
+            yield bucket if self.is_weight_source else []
+
+    def weights_checksum(self) -> str:
+        from miles.rollout.engine.base import weights_checksum
+
+        return weights_checksum(self.named_weights_for_sync())

@@ -146,7 +146,7 @@ class TorchDistReader:
             expected[sk.key] = tuple(p[2] for p in sk.prepend) + local
         problems = [f"{k} is missing" for k in expected if k not in stored]
         problems += [f"{k} has shape {list(stored[k])}, config implies {list(v)}"
-                     for k, v in expected.items() if k in stored and stored[k] != v]
+                     for k, v in expected.items() if k in stored and stored[k] != v and not _padded_vocab(k, stored[k], v)]
         if problems:
             shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
             raise UserError(
@@ -165,6 +165,10 @@ class TorchDistReader:
 
         sk = sharded_key(name, self.shape)
         meta = self.metadata.state_dict_metadata[sk.key]
+        if name in _VOCAB_KEYS and meta.size[0] > self.shapes[name][0]:
+            # A training checkpoint's vocabulary is padded to a multiple of its TP size; the padding rows
+            # are not part of the model (megatron trainer: miles/backends/megatron/model.py).
+            return self._read_padded(sk.key, meta, name)
         lo = [p[1] for p in sk.prepend] + [0] * len(self.shapes[name])
         hi = [p[1] + 1 for p in sk.prepend] + list(self.shapes[name])
         for chunk in meta.chunks:
@@ -188,6 +192,15 @@ class TorchDistReader:
             raise RuntimeError(f"{self.ckpt_dir}: stored chunks cover {covered} of {out.numel()} elements of {name}")
         return out
 
+    def _read_padded(self, key: str, meta, name: str) -> torch.Tensor:
+        import torch
+
+        rows = self.shapes[name][0]
+        out = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for chunk in meta.chunks:
+            out[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))] = self._load_chunk(key, chunk)
+        return out[:rows].clone()
+
     def _load_chunk(self, key: str, chunk) -> torch.Tensor:
         import torch
 
@@ -199,6 +212,14 @@ class TorchDistReader:
         # torch.load reads the record straight from the file into the tensor: no bytes copy in between.
         with open(self.ckpt_dir / info.relative_path, "rb") as f:
             return torch.load(_FileSlice(f, info.offset, info.length), map_location="cpu", weights_only=True)
+
+
+_VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _padded_vocab(key: str, stored: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """A vocabulary tensor with extra (padding) rows and otherwise the expected shape."""
+    return key in _VOCAB_KEYS and len(stored) == len(expected) and stored[1:] == expected[1:] and stored[0] > expected[0]
 
 
 class _FileSlice(io.RawIOBase):

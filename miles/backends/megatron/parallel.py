@@ -1,0 +1,142 @@
+"""Check the megatron options against the machine and the model, and set up megatron's process groups.
+
+`check_options(cfg, world_size, shape, cuda=...)` raises one `UserError` (exit 2, one sentence naming
+the option) for a layout that cannot run: sizes that do not divide the worker count or the model,
+sequence parallelism without TP, and the TransformerEngine-only features on a machine without CUDA.
+`init_parallel(opts)` initialises `megatron.core.parallel_state` over the already-initialised
+torch.distributed world (creating a one-rank gloo group when the caller runs a single process).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from miles.ckpt.convert.families import ModelShape
+from miles.errors import UserError
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    """The megatron options a model is built with (see miles/config/train.py for their help)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    transformer_impl: str = "local"
+    fp8_format: str | None = None
+    attention_backend: str = "auto"
+    max_sequence_length: int = 4096
+
+
+def options_from_config(cfg) -> ParallelOptions:
+    t = cfg.train
+    return ParallelOptions(
+        tensor_model_parallel_size=t.tensor_model_parallel_size,
+        pipeline_model_parallel_size=t.pipeline_model_parallel_size,
+        context_parallel_size=t.context_parallel_size,
+        expert_model_parallel_size=t.expert_model_parallel_size,
+        sequence_parallel=t.sequence_parallel,
+        recompute_granularity=t.recompute_granularity,
+        recompute_method=t.recompute_method,
+        recompute_num_layers=t.recompute_num_layers,
+        transformer_impl=t.transformer_impl,
+        fp8_format=t.fp8_format,
+        attention_backend=t.attention_backend,
+    )
+
+
+def check_layout(cfg, world_size: int) -> None:
+    """The checks that need only the config (run by `resolve()` too, before anything starts)."""
+    t = cfg.train
+    sizes = {"--tensor-model-parallel-size": t.tensor_model_parallel_size,
+             "--pipeline-model-parallel-size": t.pipeline_model_parallel_size,
+             "--context-parallel-size": t.context_parallel_size,
+             "--expert-model-parallel-size": t.expert_model_parallel_size}
+    for flag, value in sizes.items():
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1.", option=flag)
+    model_parallel = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+    if world_size % model_parallel:
+        raise UserError(
+            f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
+            f"does not divide the {world_size} training workers (--actor-num-nodes x --actor-num-gpus-per-node); "
+            "change the sizes or the worker count.", option="--tensor-model-parallel-size")
+    if t.sequence_parallel and t.tensor_model_parallel_size == 1:
+        raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
+                        option="--sequence-parallel")
+    if t.recompute_granularity == "full" and (t.recompute_method is None or t.recompute_num_layers is None):
+        raise UserError("--recompute-granularity full needs --recompute-method and --recompute-num-layers; add both.",
+                        option="--recompute-granularity")
+    if t.recompute_granularity != "full" and (t.recompute_method is not None or t.recompute_num_layers is not None):
+        raise UserError("--recompute-method and --recompute-num-layers apply only with --recompute-granularity full.",
+                        option="--recompute-method")
+    dp = world_size // model_parallel
+    if cfg.data.global_batch_size is not None and cfg.data.global_batch_size % dp:
+        raise UserError(
+            f"--global-batch-size ({cfg.data.global_batch_size}) must be divisible by the {dp} data-parallel ranks "
+            f"({world_size} workers / TP x PP x CP {model_parallel}).", option="--global-batch-size")
+
+
+def check_hardware(cfg, *, cuda: bool) -> None:
+    """TransformerEngine-only features are refused on a machine without CUDA (passed through with it)."""
+    if cuda:
+        return
+    t = cfg.train
+    if t.transformer_impl == "transformer_engine":
+        raise UserError("--transformer-impl transformer_engine needs TransformerEngine on a GPU; use --transformer-impl local on CPU.",
+                        option="--transformer-impl")
+    if t.fp8_format is not None:
+        raise UserError(f"--fp8-format {t.fp8_format} needs TransformerEngine on a GPU; drop it on CPU.", option="--fp8-format")
+    if t.attention_backend in ("flash", "fused"):
+        raise UserError(f"--attention-backend {t.attention_backend} needs TransformerEngine on a GPU; use local or unfused on CPU.",
+                        option="--attention-backend")
+    if t.context_parallel_size > 1:
+        raise UserError("--context-parallel-size > 1 needs TransformerEngine attention on a GPU; use 1 on CPU.",
+                        option="--context-parallel-size")
+
+
+def check_model(shape: ModelShape, opts: ParallelOptions) -> None:
+    tp, pp, ep = opts.tensor_model_parallel_size, opts.pipeline_model_parallel_size, opts.expert_model_parallel_size
+    problems = []
+    for name, value in (("num_attention_heads", shape.num_attention_heads), ("num_query_groups", shape.num_query_groups),
+                        ("ffn_hidden_size", shape.ffn_hidden_size), ("moe_ffn_hidden_size", shape.moe_ffn_hidden_size)):
+        if value and value % tp:
+            problems.append(f"{name}={value} is not divisible by --tensor-model-parallel-size {tp}")
+    if shape.num_layers % pp:
+        problems.append(f"num_layers={shape.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    if ep > 1 and (not shape.is_moe or shape.num_experts % ep):
+        problems.append(f"--expert-model-parallel-size {ep} needs a MoE model whose expert count divides by it "
+                        f"(this model has {shape.num_experts})")
+    if problems:
+        raise UserError("The model cannot be split this way: " + "; ".join(problems) + ".", option="--tensor-model-parallel-size")
+
+
+def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        if world_size != 1:
+            raise RuntimeError(f"world_size={world_size} needs torch.distributed initialised by the caller")
+        from miles.ray.train_group import free_port
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1,
+                                timeout=datetime.timedelta(minutes=10))
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=opts.tensor_model_parallel_size,
+        pipeline_model_parallel_size=opts.pipeline_model_parallel_size,
+        context_parallel_size=opts.context_parallel_size,
+        expert_model_parallel_size=opts.expert_model_parallel_size,
+    )

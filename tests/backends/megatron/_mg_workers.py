@@ -1,0 +1,97 @@
+"""Spawned gloo worker processes running `MegatronTrainer` for the megatron tests.
+
+`run(world, job, out_dir, timeout)` starts `world` processes (torch.multiprocessing spawn, a free
+port, one torch thread each); every rank builds the trainer from `job["config"]` (option values by
+field name), optionally loads a checkpoint, trains on the rollouts `job["rollouts"]` (seeds for
+`reference.make_train_data`), optionally saves a checkpoint after rollout `job["save_after"]`,
+and rank 0 writes `result.pt`: the metrics of every rollout, the weights checksum, the HF tensors
+from `iter_weight_buckets` and (with `job["export_hf"]`) an HF export of the same weights.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from _mg_reference import make_train_data
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    from miles.backends.megatron.trainer import MegatronTrainer
+    from miles.config.resolve import build_config, fill_derived
+
+    cfg = build_config(job["config"])
+    fill_derived(cfg)
+    trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device="cpu")
+    if job.get("load"):
+        trainer.load_checkpoint(job["load"])
+    result: dict = {"metrics": []}
+
+    def log_probs():
+        from miles.backends.packing import pack_samples
+
+        data = make_train_data(4, seed=job["log_probs_seed"], vocab=job.get("vocab", 19))
+        return trainer.compute_log_probs(pack_samples(data, range(4), "cpu"), with_entropy=True)
+
+    if job.get("log_probs_seed") is not None:
+        result["initial_log_probs"], result["initial_entropy"] = log_probs()
+    for k, seed in enumerate(job["rollouts"]):
+        data = make_train_data(job.get("samples", 8), seed=seed, vocab=job.get("vocab", 19))
+        result["metrics"].append(trainer.train_step(data, rollout_id=k))
+        if job.get("save_after") == k:
+            os.makedirs(job["save"], exist_ok=True)
+            trainer.save_checkpoint(job["save"])
+    if job.get("log_probs_seed") is not None:
+        result["log_probs"], result["entropy"] = log_probs()
+    result["checksum"] = trainer.weights_checksum()
+    buckets = list(trainer.iter_weight_buckets(job.get("bucket_bytes", 64 * 1024)))
+    result["num_buckets"] = len(buckets)
+    result["bucket_tensors"] = [(n, t.clone()) for b in buckets for n, t in b]
+    if job.get("export_hf") and trainer.is_weight_source:
+        from miles.ckpt.hf_export import export_hf
+
+        export_hf(dict(result["bucket_tensors"]), cfg.rollout.hf_checkpoint, job["export_hf"])
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (result["checksum"], len(buckets), sum(len(b) for b in buckets)))
+    result["per_rank"] = gathered
+    if rank == 0:
+        torch.save(result, os.path.join(out_dir, "result.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(world: int, job: dict, out_dir: Path, timeout: float = 300) -> dict:
+    """Spawn `world` ranks; rank 0's result dict; raise if they do not all finish within `timeout` s."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(world, free_port(), job, str(out_dir)), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{world} megatron training rank(s) did not finish {job['rollouts']} within {timeout} s")
+    return torch.load(Path(out_dir) / "result.pt", weights_only=False)
