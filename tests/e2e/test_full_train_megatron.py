@@ -37,7 +37,7 @@ def test_debug_minimal_megatron_on_two_workers_with_tp2(tmp_path: Path):
     of the TrainerBackend interface. About 2-4 minutes on 2 cores."""
     args = ["full-train", "--mode", "debug_minimal", "--train-backend", "megatron", "--model-dir", str(tmp_path / "models"),
             "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "runs"), "--run-id", "mg2",
-            "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
+            "--num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
     r = subprocess.run(MILES + args, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "mg2"

@@ -65,7 +65,7 @@ def check_layout(cfg, world_size: int) -> None:
     if world_size % model_parallel:
         raise UserError(
             f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
-            f"does not divide the {world_size} training workers (--actor-num-nodes x --actor-num-gpus-per-node); "
+            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
             "change the sizes or the worker count.", option="--tensor-model-parallel-size")
     if t.sequence_parallel and t.tensor_model_parallel_size == 1:
         raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
