@@ -25,7 +25,7 @@ BAD = [
     (["train", "--train-backend", "megatron", "--fp8-format", "hybrid"], "--fp8-format"),
     (["train", "--train-backend", "megatron", "--attention-backend", "flash"], "--attention-backend"),
     (["train", "--train-backend", "megatron", "--pipeline-model-parallel-size", "2"], "--tensor-model-parallel-size"),
-    (["train", "--train-backend", "megatron", "--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"],
+    (["train", "--train-backend", "megatron", "--num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"],
      "--tensor-model-parallel-size"),
     (["train", "--train-backend", "megatron", "--sequence-parallel"], "--sequence-parallel"),
     (["train", "--use-fault-tolerance"], "--use-fault-tolerance"),

@@ -190,7 +190,7 @@ def test_tracking_defaults_are_values_not_none():
 
 @pytest.mark.parametrize(
     "flag, value",
-    [("--train-backend", "megatron"), ("--advantage-estimator", "ppo"), ("--rollout-backend", "sglang")],
+    [("--advantage-estimator", "ppo"), ("--rollout-backend", "sglang")],
 )
 def test_unavailable_choices_are_declared_shown_and_rejected(flag, value):
     rows = help_rows(miles("train", "--help-all").stdout)
@@ -280,7 +280,7 @@ def test_short_help_is_short_and_says_how_to_see_everything():
     rollout = help_rows(miles("train", "--help-group", "rollout").stdout)
     assert "--rollout-temperature" in rollout and "--lr" not in rollout
     ft = " ".join(miles("train", "--help-all").stdout.split())
-    assert "Fault tolerance: Not available in this build (" in ft  # one line for a panel not built yet
+    assert "--use-fault-tolerance" in ft and "--rollout-health-check-interval" in ft
 
 
 def test_completion_is_offered():

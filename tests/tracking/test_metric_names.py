@@ -80,12 +80,14 @@ def test_every_loss_metric_is_documented_under_train() -> None:
     cfg = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, entropy_coef=0.01)
     rule = next(f for f in dataclasses.fields(AlgoConfig) if f.name == "eps_clip_high").metadata["derived"].rule
     cfg.eps_clip_high = rule(type("Root", (), {"algo": cfg})())  # as resolve() fills it
-    lp, mask = [torch.tensor([-1.0, -1.2])], [torch.tensor([1.0, 1.0])]
+    from miles.algo.segments import Segments
+
+    lp, mask, seg = torch.tensor([-1.0, -1.2]), torch.tensor([1.0, 1.0]), Segments.from_lengths([2])
     _, m = policy_loss(
-        cfg, log_probs=lp, old_log_probs=lp, advantages=[torch.tensor([1.0, -1.0])], loss_masks=mask,
-        ref_log_probs=[torch.tensor([-1.1, -1.0])], rollout_log_probs=[torch.tensor([-0.9, -1.3])],
-        entropy=[torch.tensor([0.5, 0.7])],
+        cfg, log_probs=lp, old_log_probs=lp, advantages=torch.tensor([1.0, -1.0]), loss_mask=mask, segments=seg,
+        ref_log_probs=torch.tensor([-1.1, -1.0]), rollout_log_probs=torch.tensor([-0.9, -1.3]),
+        entropy=torch.tensor([0.5, 0.7]),
     )
-    _, v = value_loss(cfg, values=lp, old_values=lp, returns=lp, loss_masks=mask)
+    _, v = value_loss(cfg, values=lp, old_values=lp, returns=lp, loss_mask=mask, segments=seg)
     missing = sorted(f"train/{k}" for k in {*m, *v} if not is_documented(f"train/{k}"))
     assert not missing, f"add these to miles/tracking/metric_names.py: {missing}"
