@@ -43,27 +43,10 @@ from miles.errors import UserError
 
 
 def _policy_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: PackedBatch, cfg, normalizer: float):
-    """The one call into miles.algo's loss, on the packed batch (the same call the torch backend makes,
-    so both backends share one loss implementation)."""
-    from miles.algo.losses import get_loss_function
-    from miles.algo.segments import Segments
+    """The shared packed loss (miles/backends/loss.py), the same call the torch backend makes."""
+    from miles.backends.loss import packed_loss
 
-    fn = get_loss_function(cfg)
-    segments = Segments(batch.response_cu_seqlens)
-    if cfg.loss_type == "sft_loss":
-        return fn(cfg, log_probs=log_probs, loss_mask=batch.loss_mask, segments=segments, normalizer=normalizer)
-    return fn(
-        cfg,
-        log_probs=log_probs,
-        old_log_probs=batch.old_log_probs if batch.old_log_probs is not None else log_probs.detach(),
-        advantages=batch.advantages,
-        loss_mask=batch.loss_mask,
-        segments=segments,
-        ref_log_probs=batch.ref_log_probs,
-        rollout_log_probs=batch.rollout_log_probs,
-        entropy=entropy,
-        normalizer=normalizer,
-    )
+    return packed_loss(cfg, log_probs, entropy, batch, normalizer)
 
 
 def _combine(acc: dict[str, float], key: str, value: float) -> None:

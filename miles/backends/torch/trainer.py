@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import PackedBatch, TrainerBackend
+from miles.backends.loss import packed_loss
 from miles.backends.packing import pack_samples
 from miles.backends.torch.batching import StepPlan, plan_steps
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
@@ -151,6 +152,7 @@ class TorchBackend(TrainerBackend):
             self.ref_net = ResponseLogits(self.ref_model)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.scheduler = LRSchedule(self.optimizer, cfg.optimizer)
+        # Resolved once here so a bad --custom-loss-function-path fails at start-up, not mid-step.
         self.loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = get_loss_function(cfg.algo)
 
     # ----------------------------------------------------------------------------------------------
@@ -285,24 +287,7 @@ class TorchBackend(TrainerBackend):
                     with_entropy=not self.is_sft,
                     entropy_grad=cfg.entropy_coef != 0,
                 )
-                segments = Segments(batch.response_cu_seqlens)
-                if self.is_sft:
-                    loss, metrics = self.loss_fn(
-                        cfg, log_probs=log_probs, loss_mask=batch.loss_mask, segments=segments, normalizer=normalizer
-                    )
-                else:
-                    loss, metrics = self.loss_fn(
-                        cfg,
-                        log_probs=log_probs,
-                        old_log_probs=batch.old_log_probs if batch.old_log_probs is not None else log_probs.detach(),
-                        advantages=batch.advantages,
-                        loss_mask=batch.loss_mask,
-                        segments=segments,
-                        ref_log_probs=batch.ref_log_probs,
-                        rollout_log_probs=batch.rollout_log_probs,
-                        entropy=entropy,
-                        normalizer=normalizer,
-                    )
+                loss, metrics = packed_loss(cfg, log_probs, None if self.is_sft else entropy, batch, normalizer)
                 loss.backward()
             metrics = {"loss": loss, **metrics}
             for key, value in metrics.items():
