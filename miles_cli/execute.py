@@ -21,8 +21,13 @@ def _require_inputs(cfg, command: str) -> None:
 
 
 def execute(inv, *, checkpoint: str | None = None) -> None:
-    os.environ.update(inv.plan.env)
     cfg = inv.config
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.preflight import check_can_launch, check_engines_wired
+
+        check_can_launch(cfg)
+        check_engines_wired()
+    os.environ.update(inv.plan.env)
     if inv.command == "full-train":
         from miles.prepare.runner import run_prepare_steps
 

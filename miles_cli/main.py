@@ -16,6 +16,7 @@ import sys
 
 import typer
 
+from miles.config.sglang import check_removed_flags
 from miles.errors import UserError
 from miles_cli.convert import SUMMARY as CONVERT_SUMMARY
 from miles_cli.convert import build_convert_command
@@ -58,7 +59,7 @@ def build_app(argv: list[str]) -> typer.Typer:
     app.command("convert", help=CONVERT_SUMMARY, short_help=CONVERT_SUMMARY)(build_convert_command())
     for command in ("full-train", "train", "eval"):
         app.command(command, help=SUMMARIES[command], short_help=SUMMARIES[command], context_settings=run_settings)(
-            build_run_command(command, recipe)
+            build_run_command(command, recipe, argv)
         )
     app.command(
         "docker-build",
@@ -72,6 +73,7 @@ def build_app(argv: list[str]) -> typer.Typer:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        check_removed_flags(argv)
         app = build_app(argv)
     except UserError as e:
         typer.echo(f"Error: {e}", err=True)

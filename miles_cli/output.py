@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from miles.config.engine import option_specs
+from miles.config.sglang import GROUPS as SGLANG_GROUPS
 from miles.config.values import format_value
 
 console = Console(stderr=False)
@@ -34,6 +35,8 @@ def print_options_table(inv) -> None:
     for s in option_specs():
         if s.name in recipe_fields:  # set through the recipe option of the same name, shown above
             continue
+        if s.group in SGLANG_GROUPS and inv.sources.get(s.name) == "default":
+            continue  # hundreds of SGLang options: only those this run sets are listed
         if s.panel != last_panel:
             table.add_section()
             last_panel = s.panel
@@ -49,6 +52,14 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+    if inv.config.rollout.rollout_backend == "sglang":
+        import shlex
+
+        from miles.rollout.sglang.launch import planned_processes
+
+        console.print("[bold]Processes[/bold] (SGLang servers, one per engine, and the router in front of them):")
+        for name, argv in planned_processes(inv.config):
+            console.print(f"  {name}: {shlex.join(argv)}", markup=False, highlight=False, soft_wrap=True)
     if inv.plan.env:
         console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.plan.env.items()))
     console.print(f"[bold]Run directory[/bold]: {inv.options.run_dir}")

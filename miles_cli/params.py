@@ -52,10 +52,12 @@ def shown_default(spec: OptionSpec, default: Any) -> str | bool:
     return format_value(default)
 
 
-def make_parameter(spec: OptionSpec, default: Any, *, envvar: str | None = None) -> inspect.Parameter:
+def make_parameter(spec: OptionSpec, default: Any, *, envvar: str | None = None, hidden: bool = False) -> inspect.Parameter:
     decls = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.kind in ("bool", "tristate") else [spec.flag]
     # Help is rendered as rich markup: escape it so "[default: x]" is shown, not parsed as a style tag.
     kwargs: dict[str, Any] = dict(help=escape(help_text(spec, default)), rich_help_panel=spec.panel, show_default=False)
+    if hidden:  # parsed as usual, listed only where it applies (e.g. SGLang options under --rollout-backend sglang)
+        kwargs["hidden"] = True
     if envvar:
         kwargs["envvar"] = envvar
         kwargs["show_envvar"] = True

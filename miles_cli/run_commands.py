@@ -141,12 +141,15 @@ def _source_label(source: Any) -> str:
     return {"COMMANDLINE": "command line", "ENVIRONMENT": "env MILES_SCRIPT_*"}.get(name, "recipe default")
 
 
-def build_run_command(command: Command, recipe: ModuleType):
+def build_run_command(command: Command, recipe: ModuleType, argv: list[str] | tuple[str, ...] = ()):
     """A Typer command function for `command` whose options are this recipe's and the engine's."""
+    from miles.config.sglang import GROUPS as SGLANG_GROUPS, help_visible
+
     r_specs = recipe_specs(recipe)
     e_specs = engine_specs_for(recipe, command)
     r_defaults = recipe_defaults(recipe)
     e_defaults = engine_defaults(recipe, recipe.plan(r_defaults), command)
+    show_sglang = help_visible(argv, e_defaults.get("rollout_backend"))
 
     params: list[inspect.Parameter] = [
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
@@ -159,7 +162,7 @@ def build_run_command(command: Command, recipe: ModuleType):
             default = parse_scalar(s, os.environ[envvar], source=f"${envvar}")
         params.append(make_parameter(s, default, envvar=envvar))
     for s in e_specs:
-        params.append(make_parameter(s, e_defaults[s.name]))
+        params.append(make_parameter(s, e_defaults[s.name], hidden=s.group in SGLANG_GROUPS and not show_sglang))
     params.append(
         _run_option(
             "dry_run", "--dry-run/--no-dry-run", bool, False,

@@ -83,11 +83,9 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "train; use grpo, gspo, reinforce_plus_plus or reinforce_plus_plus_baseline.",
         "--advantage-estimator",
     )
-    _require(
-        r.rollout_backend == "builtin",
-        "--rollout-backend sglang cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
-        "--rollout-backend",
-    )
+    from miles.config import sglang as sglang_options
+
+    sglang_options.check(cfg)
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(
