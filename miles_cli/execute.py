@@ -22,6 +22,12 @@ def _require_inputs(cfg, command: str) -> None:
 
 def execute(inv, *, checkpoint: str | None = None) -> None:
     cfg = inv.config
+    if cfg.cluster.actor_num_nodes != 1:  # a plan (--dry-run) may span nodes; running one needs multi-node training
+        raise UserError(
+            "--actor-num-nodes > 1: this build's trainer does not start training workers on several nodes yet; "
+            "use 1 (--dry-run prints the multi-node plan).",
+            option="--actor-num-nodes",
+        )
     if cfg.rollout.rollout_backend == "sglang":
         from miles.rollout.sglang.preflight import check_can_launch, check_engines_wired
 

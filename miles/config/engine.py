@@ -44,9 +44,9 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("tracking", TrackingConfig, "Tracking"),
     ("fault_tolerance", FaultToleranceConfig, "Fault tolerance"),
     ("debug", DebugConfig, "Debug"),
-    ("sglang_launch", SGLangLaunchConfig, "SGLang launch (--rollout-backend sglang)"),
-    ("sglang", SGLangConfig, "SGLang server (--rollout-backend sglang)"),
-    ("sglang_router", SGLangRouterConfig, "SGLang router (--rollout-backend sglang)"),
+    ("sglang_launch", SGLangLaunchConfig, "SGLang launch"),
+    ("sglang", SGLangConfig, "SGLang server"),
+    ("sglang_router", SGLangRouterConfig, "SGLang router"),
 )
 
 

@@ -16,6 +16,7 @@ sglang`; `check()` (called by `resolve()`) rejects them otherwise.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Literal, Optional
 
 from miles.config.fields import option
@@ -75,6 +76,16 @@ REMOVED: dict[str, str] = {
 _HELP_LIMIT = 240
 
 
+def _miles_flags(text: str, prefix: str, names: set[str]) -> str:
+    """SGLang's help names its own flags (`--lora-paths`); say the miles flag (`--sglang-lora-paths`) instead."""
+
+    def swap(m: re.Match) -> str:
+        name = m.group(1).replace("-", "_")
+        return f"--{prefix}{m.group(1)}" if name in names else f"SGLang's {m.group(1)}"
+
+    return re.sub(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", swap, text)
+
+
 def _short_help(text: str) -> str:
     """SGLang's help, cut at a sentence end near _HELP_LIMIT characters (the full text is in SGLang's docs)."""
     text = text.strip() or "(no help text in SGLang)"
@@ -115,15 +126,17 @@ def _make(
     name: str, prefix: str, entries: tuple[dict[str, Any], ...], skip: dict[str, str], tool: str, secrets=frozenset(), overrides=None
 ) -> type:
     fields = []
+    option_names = {e["name"] for e in entries if e["name"] not in skip and not e.get("required")}
     for entry in entries:
         if entry["name"] in skip or entry.get("required"):
             continue
-        help_text = f"{_short_help(entry['help'])} ({tool} {entry['cli']})"
+        own = _miles_flags(_short_help(entry["help"]), prefix.replace("_", "-"), option_names)
+        help_text = f"{own} ({tool} {entry['cli']})"
         default = _default(entry)
         if overrides and entry["name"] in overrides:
             default, why = overrides[entry["name"]]
             entry = {**entry, "default": default}
-            help_text = f"{_short_help(entry['help'])} ({tool} {entry['cli']}; {why})"
+            help_text = f"{own} ({tool} {entry['cli']}; {why})"
         if isinstance(default, list):
             f = option(default_factory=lambda d=tuple(default): list(d), help=help_text, secret=entry["name"] in secrets)
         else:
