@@ -12,9 +12,6 @@ from typing import Literal
 from miles.config.fields import Derived, option
 
 
-_ONE_ENGINE = "the built-in engine runs as one engine on one device; several engines need the SGLang backend, not built yet"
-
-
 @dataclass
 class ClusterConfig:
     actor_num_nodes: int = option(1, help="Number of nodes for the training actors.")
@@ -23,11 +20,13 @@ class ClusterConfig:
     )
     rollout_num_gpus: int | None = option(
         None,
-        help="Total devices for the rollout engines; unset = one engine on one device.",
-        unsupported=_ONE_ENGINE,
+        help=(
+            "Total devices for the rollout engines; unset = the training devices under --colocate, else one engine's "
+            "worth (--rollout-num-gpus-per-engine)."
+        ),
     )
     rollout_num_gpus_per_engine: int = option(
-        1, help="Devices per rollout engine (the engine's tensor-parallel size).", unsupported=_ONE_ENGINE
+        1, help="Devices per rollout engine (the engine's tensor-parallel size)."
     )
     colocate: bool = option(
         False,

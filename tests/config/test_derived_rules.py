@@ -87,7 +87,7 @@ def test_a_rule_that_lies_is_caught():
         ({"eval_prompt_data": ["only-a-name"]}, "--eval-prompt-data"),
         ({"rollout_max_context_len": 10, "rollout_max_prompt_len": 10}, "--rollout-max-prompt-len"),
         ({"train_backend": "megatron"}, "--train-backend"),
-        ({"rollout_backend": "sglang"}, "--rollout-backend"),
+        ({"sglang_ep_size": 2}, "--sglang-ep-size"),  # an SGLang option without --rollout-backend sglang
         ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
         ({"use_fault_tolerance": True}, "--use-fault-tolerance"),
         ({"eval_max_in_flight": 4}, "--eval-max-in-flight"),
