@@ -104,5 +104,6 @@ def test_engine_config_flattens_to_group_dot_option_valid_mlflow_names() -> None
     flat = flatten_params(cfg)
     assert flat["data.rollout_batch_size"] == str(cfg.data.rollout_batch_size)
     assert flat["tracking.mlflow_experiment_name"] == "miles"
-    assert {k.split(".", 1)[1] for k in flat} == set(cfg.flat())  # every option, once
+    assert {k.split(".", 1)[1] for k in flat if not k.startswith("run.")} == set(cfg.flat())  # every option, once
+    assert {k for k in flat if k.startswith("run.")} == {"run.run_id", "run.run_dir"}  # and which run it is
     assert all(mlflow_key(k) == k for k in flat)  # no renaming needed for real option names
