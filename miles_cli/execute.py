@@ -25,7 +25,7 @@ def check_can_run(cfg) -> None:
     SGLang engines without the GPUs and packages they need."""
     if cfg.cluster.actor_num_nodes != 1:  # a plan (--dry-run) may span nodes; running one needs multi-node training
         raise UserError(
-            "--actor-num-nodes > 1: this build's trainer does not start training workers on several nodes yet; "
+            "--actor-num-nodes > 1 needs a multi-node Ray cluster, which this build's trainer does not launch yet; "
             "use 1 (--dry-run prints the multi-node plan).",
             option="--actor-num-nodes",
         )

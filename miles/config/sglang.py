@@ -87,12 +87,15 @@ def _miles_flags(text: str, prefix: str, names: set[str]) -> str:
 
 
 def _short_help(text: str) -> str:
-    """SGLang's help, cut at a sentence end near _HELP_LIMIT characters (the full text is in SGLang's docs)."""
+    """SGLang's help, cut at a sentence end near _HELP_LIMIT characters (the full text is in SGLang's docs);
+    never inside a sentence."""
     text = text.strip() or "(no help text in SGLang)"
     if len(text) <= _HELP_LIMIT:
         return text
     cut = text.rfind(". ", 0, _HELP_LIMIT)
-    return text[: cut + 1] if cut > 40 else text[:_HELP_LIMIT].rstrip() + "…"
+    if cut <= 40:  # no sentence end early enough: the first whole sentence (help never cuts a sentence)
+        cut = text.find(". ", _HELP_LIMIT)
+    return text[: cut + 1] if cut > 0 else text
 
 
 def _annotation(entry: dict[str, Any]) -> Any:
