@@ -51,6 +51,7 @@ ROUTER_SET_BY_MILES: dict[str, str] = {
     "pd_disaggregation": "prefill/decode disaggregation is not launched by miles",
     "prefill": "prefill/decode disaggregation is not launched by miles",
     "decode": "prefill/decode disaggregation is not launched by miles",
+    "policy": "--sglang-router-policy (the rollout options), which also drives the built-in engine servers' router",
 }
 # Router fields whose default miles changes: (default, why). The launcher always passes them.
 ROUTER_MILES_DEFAULTS: dict[str, tuple[Any, str]] = {
