@@ -5,6 +5,7 @@ it runs on whatever Python the base image ships):
 
     python3 docker/install_miles.py check --cuda-major 13      # the base torch is a CUDA 13 build
     python3 docker/install_miles.py check --gpu-arch gfx950    # the base torch is a ROCm build for gfx950
+    python3 docker/install_miles.py check --sglang-pins miles/rollout/sglang/__init__.py  # sglang/router = miles' pins
     python3 docker/install_miles.py deps /root/miles           # pyproject dependencies, base pins kept
     python3 docker/install_miles.py package /root/miles        # `pip install --no-deps` of the checkout
 
@@ -82,7 +83,8 @@ def install_deps(checkout: Path) -> None:
     before = installed_versions()
     constraints = Path("/tmp/miles-base-constraints.txt")
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(before.items())))
-    pip("-c", str(constraints), *runtime_requirements(checkout / "pyproject.toml"))
+    router = f"sglang-router=={pinned_versions(checkout / PINS_IN_CHECKOUT)['sglang-router']}"
+    pip("-c", str(constraints), *runtime_requirements(checkout / "pyproject.toml"), router)
     after = installed_versions()
     moved = {
         name: (before.get(name), after.get(name))
@@ -100,6 +102,35 @@ def install_package(checkout: Path) -> None:
     # requires-python in pyproject.toml is the CPU development pin (megatron-core 0.16.1 on 3.11);
     # the image runs on the base image's Python, whose packages the `deps` step already resolved.
     pip("--no-deps", "--ignore-requires-python", str(checkout))
+
+
+def pinned_versions(pins_file: Path) -> dict:
+    """{"sglang": "0.5.23", "sglang-router": "0.3.2"} from miles/rollout/sglang/__init__.py."""
+    text = pins_file.read_text()
+    found = {}
+    for key, dist in (("SGLANG_VERSION", "sglang"), ("SGLANG_ROUTER_VERSION", "sglang-router")):
+        match = re.search(rf'^{key} = "([^"]+)"', text, re.M)
+        if not match:
+            raise SystemExit(f"{pins_file} has no {key}")
+        found[dist] = match.group(1)
+    return found
+
+
+PINS_IN_CHECKOUT = "miles/rollout/sglang/__init__.py"
+
+
+def check_pins(pins_file: Path) -> None:
+    """The base image's SGLang is the version miles generates its --sglang-* options from.
+
+    (sglang-router has no torch and is installed at its pin by `deps`, whatever the image had.)
+    """
+    have = installed_versions(("sglang",))
+    for dist, want in pinned_versions(pins_file).items():
+        if dist == "sglang" and have.get(dist) != want:
+            raise SystemExit(
+                f"the base image has {dist} {have.get(dist, '(not installed)')}, miles is pinned to {want}; "
+                "build from the SGLang image of that version (SGLANG_IMAGE_TAG)"
+            )
 
 
 def check_base(cuda_major: int | None, gpu_arch: str | None) -> None:
@@ -134,11 +165,14 @@ def main(argv=None) -> None:
     check = sub.add_parser("check", help="verify the base image's torch matches the variant")
     check.add_argument("--cuda-major", type=int)
     check.add_argument("--gpu-arch")
+    check.add_argument("--sglang-pins", type=Path, help="miles/rollout/sglang/__init__.py: fail unless the image has those versions")
     for name in ("deps", "package"):
         sub.add_parser(name).add_argument("checkout", type=Path)
     args = parser.parse_args(argv)
     if args.command == "check":
         check_base(args.cuda_major, args.gpu_arch)
+        if args.sglang_pins is not None:
+            check_pins(args.sglang_pins)
     elif args.command == "deps":
         install_deps(args.checkout)
     else:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence, get_args
 
 from miles.errors import UserError
+from miles.rollout.sglang import SGLANG_VERSION
 
 VariantName = Literal[
     "cu13", "cu13-x86", "cu13-aarch64", "cu12-x86", "rocm700-mi30x", "rocm700-mi35x", "rocm720-mi35x"
@@ -69,6 +70,9 @@ class Variant:
 
 
 _MILES = "radixark/miles"
+# Every variant builds on SGLang's release image of the one pinned version (miles/rollout/sglang), so the
+# `--sglang-*` options generated from that version's ServerArgs are the flags its servers accept.
+SGLANG_TAG = f"v{SGLANG_VERSION}"
 _ROCM = "rocm/sgl-dev"
 _ROCM_DOCKERFILE = "docker/Dockerfile.rocm"
 
@@ -85,7 +89,7 @@ VARIANTS: dict[str, Variant] = {
             tag_postfix="-cu12",
             build_args=(
                 ("ENABLE_CUDA_13", "0"),
-                ("SGLANG_IMAGE_TAG", "v0.5.16-cu129"),
+                ("SGLANG_IMAGE_TAG", f"{SGLANG_TAG}-cu129"),
                 ("WHEELS_TAG_X86", "cu129-x86_64"),
             ),
         ),
@@ -97,7 +101,7 @@ VARIANTS: dict[str, Variant] = {
             dockerfile=_ROCM_DOCKERFILE,
             build_args=(
                 ("GPU_ARCH", "gfx942"),
-                ("SGLANG_IMAGE_TAG", "v0.5.10-rocm700-mi30x"),
+                ("SGLANG_IMAGE_TAG", f"{SGLANG_TAG}-rocm700-mi30x"),
                 ("SGLANG_USE_ROCM700A", "1"),
             ),
         ),
@@ -109,8 +113,7 @@ VARIANTS: dict[str, Variant] = {
             dockerfile=_ROCM_DOCKERFILE,
             build_args=(
                 ("GPU_ARCH", "gfx950"),
-                ("SGLANG_IMAGE_REPO", "rocm/sgl-dev"),
-                ("SGLANG_IMAGE_TAG", "v0.5.14-rocm700-mi35x-20260627"),
+                ("SGLANG_IMAGE_TAG", f"{SGLANG_TAG}-rocm700-mi35x"),
                 ("SGLANG_USE_ROCM700A", "1"),
             ),
         ),
@@ -122,8 +125,7 @@ VARIANTS: dict[str, Variant] = {
             dockerfile=_ROCM_DOCKERFILE,
             build_args=(
                 ("GPU_ARCH", "gfx950"),
-                ("SGLANG_IMAGE_REPO", "rocm/sgl-dev"),
-                ("SGLANG_IMAGE_TAG", "v0.5.16-rocm720-mi35x-20260730"),
+                ("SGLANG_IMAGE_TAG", f"{SGLANG_TAG}-rocm720-mi35x"),
                 ("APPLY_ROCR_VMMFIX", "1"),
                 ("TE_USE_WHEEL", "1"),
             ),

@@ -13,18 +13,36 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from miles.errors import UserError
 from miles.run_guard import guarded, preflight
 
 console = Console()
 _stderr = Console(stderr=True)
 
 
+def check_can_run(cfg) -> None:
+    """What a plan (--dry-run) may describe but this build cannot start: several training nodes, and
+    SGLang engines without the GPUs and packages they need."""
+    if cfg.cluster.actor_num_nodes != 1:  # a plan (--dry-run) may span nodes; running one needs multi-node training
+        raise UserError(
+            "--actor-num-nodes > 1 needs a multi-node Ray cluster, which this build's trainer does not launch yet; "
+            "use 1 (--dry-run prints the multi-node plan).",
+            option="--actor-num-nodes",
+        )
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.preflight import check_can_launch, check_engines_wired
+
+        check_can_launch(cfg)
+        check_engines_wired()
+
+
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
+    cfg = inv.config
+    check_can_run(cfg)
     os.environ.update(inv.env)
     # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    cfg = inv.config
     preflight(inv, checkpoint)
     if inv.command == "eval":
         from miles.eval.run import run_eval

@@ -43,6 +43,10 @@ from recipes.base import ENV_PREFIX
 
 BRIEF_PANELS = ("Recipe", RUN_PANEL, "Data", "Optimizer", "Checkpoint")
 """The panels `miles train --help` shows; the others are listed by name with their option count."""
+BRIEF_EXTRA = "__miles_brief_extra__"
+"""Attribute of a command's callback: panels its short help also shows for this invocation (the SGLang
+panels under --rollout-backend sglang)."""
+SGLANG_PANELS = ("SGLang launch", "SGLang server", "SGLang router")
 
 _stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -117,12 +121,13 @@ class MilesCommand(typer.core.TyperCommand):
             unavailable.setdefault(fd.panel, []).append(fd)
         # Only commands that offer --help-all have a short help; the others show every option.
         shown_all = group == "all" or not any(p.name == "help_all" for p in self.params)
+        brief = (*BRIEF_PANELS, *getattr(self.callback, BRIEF_EXTRA, ()))
         hidden = []
         for panel, rows in panels.items():
             if panel == "Help":
                 visible = True
             elif group is None:
-                visible = shown_all or panel in BRIEF_PANELS
+                visible = shown_all or panel in brief
             else:
                 visible = group == "all" or panel_slug(panel) == group
             if not visible:
@@ -214,8 +219,9 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]], col_max: int = 32) -
         if len(first) <= first_width:
             formatter.write(f"{'':{indent}}{first:<{first_width}}  {lines[0]}\n")
             lines = lines[1:]
-        else:
-            formatter.write(f"{'':{indent}}{first}\n")
+        else:  # on its own line(s): `--long-flag / --no-long-flag` breaks after the slash, never inside a flag
+            for part in textwrap.wrap(first, max(formatter.width - indent, 30), break_on_hyphens=False, break_long_words=False):
+                formatter.write(f"{'':{indent}}{part}\n")
         for line in lines:
             formatter.write(f"{'':{indent + first_width + 2}}{line}\n")
 
@@ -262,6 +268,15 @@ def user_error_from_click(e: ClickException, *, where: str | None = None, hints:
         hints = {**getattr(ctx.command.callback, "__miles_flag_hints__", {}), **hints}
     if isinstance(e, NoSuchOption):
         flag = e.option_name
+        from miles.config.sglang import removed_flag_error
+
+        removed = removed_flag_error(flag)
+        if removed is not None:  # a flag SGLang removed or upstream's spelling: the one to write instead
+            text = str(removed)
+            if place:
+                i = text.index(removed.option) + len(removed.option)
+                text = text[:i] + place + text[i:]
+            return UserError(text, option=removed.option)
         if flag in hints:
             return UserError(f"{flag}{place}: {hints[flag]}", option=flag)
         close = difflib.get_close_matches(flag, e.possibilities or [], n=3, cutoff=0.6) if e.possibilities else []

@@ -19,6 +19,7 @@ import sys
 
 import typer
 
+from miles.config.sglang import check_removed_flags
 from miles.errors import UserError
 from miles_cli.convert import SUMMARY as CONVERT_SUMMARY
 from miles_cli.convert import build_convert_command
@@ -89,6 +90,7 @@ def build_app(argv: list[str]) -> typer.Typer:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        check_removed_flags(argv)
         app = build_app(argv)
     except UserError as e:
         print_error(str(e))

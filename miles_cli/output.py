@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from miles.config.engine import option_specs
+from miles.config.sglang import GROUPS as SGLANG_GROUPS
 from miles.config.values import format_value
 
 console = Console(stderr=False)
@@ -25,14 +26,19 @@ def _cell(value: Any, secret: bool = False) -> str:
     return "****" if secret and value else format_value(value)
 
 
-def option_rows(inv) -> list[tuple[str, str, str, str]]:
-    """(panel, flag, value, source) for every recipe and engine option of this invocation."""
+def option_rows(inv, *, sglang_defaults: bool = True) -> list[tuple[str, str, str, str]]:
+    """(panel, flag, value, source) for every recipe and engine option of this invocation;
+    `sglang_defaults=False` leaves out the SGLang options this run does not set (hundreds of them)."""
+    from miles.config.sglang import GROUPS as SGLANG_GROUPS
+
     rows = []
     linked = {f.metadata.get("engine") for f in dataclasses.fields(inv.options)} - {None}
     for f in dataclasses.fields(inv.options):
         rows.append(("Recipe", "--" + f.name.replace("_", "-"), _cell(getattr(inv.options, f.name)), inv.recipe_sources.get(f.name, "recipe default")))
     for s in option_specs():
         if s.name in linked:  # set through the recipe option that names it, shown above
+            continue
+        if not sglang_defaults and s.group in SGLANG_GROUPS and inv.sources.get(s.name) == "default":
             continue
         rows.append((s.panel, s.flag, _cell(inv.config.get(s.name), s.secret), inv.sources.get(s.name, "")))
     return rows
@@ -45,7 +51,7 @@ def print_options_table(inv) -> None:
     table.add_column("Value", overflow="fold")
     table.add_column("Source", style="dim")
     last_panel = None
-    for panel, flag, value, source in option_rows(inv):
+    for panel, flag, value, source in option_rows(inv, sglang_defaults=False):
         if panel != last_panel and last_panel is not None:
             table.add_section()
         last_panel = panel
@@ -82,6 +88,21 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+    c = inv.config.cluster
+    console.print(
+        f"[bold]Placement[/bold]: {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} GPUs for training"
+        + (f" ({inv.recipe.SPEC.train_layout.describe()} upstream)" if hasattr(inv.recipe, "SPEC") else "")
+        + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
+        highlight=False,
+    )
+    if inv.config.rollout.rollout_backend == "sglang":
+        import shlex
+
+        from miles.rollout.sglang.launch import planned_processes
+
+        console.print("[bold]Processes[/bold] (SGLang servers, one per engine, and the router in front of them):")
+        for name, argv in planned_processes(inv.config):
+            console.print(f"  {name}: {shlex.join(argv)}", markup=False, highlight=False, soft_wrap=True)
     if inv.env:
         console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.env.items()))
     console.print(f"[bold]Run directory[/bold]: {inv.options.run_dir}")

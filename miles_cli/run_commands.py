@@ -35,7 +35,7 @@ from miles_cli.api import (
 )
 from miles.docs.model import FlagDoc
 from miles_cli.errors import user_errors_exit_2
-from miles_cli.help import help_parameters
+from miles_cli.help import BRIEF_EXTRA, SGLANG_PANELS, help_parameters
 from miles_cli.options import NO_VALUE, flag_doc, run_control_specs
 from miles_cli.params import commandline_values, make_parameter, with_signature
 from recipes.base import ENV_PREFIX
@@ -150,6 +150,10 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
     panels = list(dict.fromkeys(s.panel for s in [*r_specs, *e_specs, *run_control_specs(command)]))
     func = with_signature(run, [(ctx_param, None), *params, *help_parameters(panels)])
     setattr(func, FLAG_HINTS, flag_hints(recipe, command))
+    # The SGLang panels join the short help when this invocation runs SGLang engines (--rollout-backend
+    # sglang given, or the recipe's); they are parsed either way, so a misplaced one gets resolve()'s sentence.
+    backend = preview.config.rollout.rollout_backend if preview is not None else None
+    setattr(func, BRIEF_EXTRA, SGLANG_PANELS if backend == "sglang" else ())
     return func
 
 

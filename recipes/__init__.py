@@ -7,7 +7,9 @@ from types import ModuleType
 from miles.errors import UserError
 from recipes import qwen3_hf, tiny_qwen3
 
-RECIPES: dict[str, ModuleType] = {m.NAME: m for m in (tiny_qwen3, qwen3_hf)}
+from recipes.catalog import MODULES as CATALOG  # noqa: E402  (real models, as data)
+
+RECIPES: dict[str, ModuleType] = {m.NAME: m for m in (tiny_qwen3, qwen3_hf, *CATALOG)}
 DEFAULT_RECIPE = tiny_qwen3.NAME
 
 

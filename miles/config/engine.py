@@ -26,6 +26,7 @@ from miles.config.fields import Derived, flag_name
 from miles.config.optimizer import OptimizerConfig
 from miles.config.reward import RewardConfig
 from miles.config.rollout import RolloutConfig
+from miles.config.sglang import SGLangConfig, SGLangLaunchConfig, SGLangRouterConfig
 from miles.config.tracking import TrackingConfig
 from miles.config.train import TrainConfig
 
@@ -43,6 +44,9 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("tracking", TrackingConfig, "Tracking"),
     ("fault_tolerance", FaultToleranceConfig, "Fault tolerance"),
     ("debug", DebugConfig, "Debug"),
+    ("sglang_launch", SGLangLaunchConfig, "SGLang launch"),
+    ("sglang", SGLangConfig, "SGLang server"),
+    ("sglang_router", SGLangRouterConfig, "SGLang router"),
 )
 
 
@@ -70,6 +74,9 @@ class EngineConfig:
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     run: RunContext = field(default_factory=RunContext)
+    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)  # type: ignore[valid-type]
+    sglang_router: SGLangRouterConfig = field(default_factory=SGLangRouterConfig)  # type: ignore[valid-type]
 
     def get(self, name: str) -> Any:
         return getattr(getattr(self, spec(name).group), name)

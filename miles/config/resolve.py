@@ -86,11 +86,15 @@ def _require(condition: bool, message: str, option: str) -> None:
         raise UserError(message, option=option)
 
 
+def _sglang_engines(cfg: EngineConfig) -> bool:
+    return cfg.rollout.rollout_backend == "sglang"
+
+
 def _check_engines(cfg: EngineConfig) -> None:
     """Engine servers, the router and fault tolerance (miles/rollout/engine/fleet.py)."""
     c, ft = cfg.cluster, cfg.fault_tolerance
     _require(
-        c.rollout_num_gpus_per_engine == 1,
+        _sglang_engines(cfg) or c.rollout_num_gpus_per_engine == 1,
         "--rollout-num-gpus-per-engine must be 1 with the built-in engine (it does not shard a model across devices).",
         "--rollout-num-gpus-per-engine",
     )
@@ -130,13 +134,11 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
     _check_engines(cfg)
     _check_megatron(cfg)
+    from miles.config import sglang as sglang_options
+
+    sglang_options.check(cfg)
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
-    _require(
-        c.actor_num_nodes == 1,
-        "--actor-num-nodes > 1 needs a multi-node Ray cluster, which this build does not launch yet; use 1.",
-        "--actor-num-nodes",
-    )
     _require(d.n_samples_per_prompt >= 1, "--n-samples-per-prompt must be at least 1.", "--n-samples-per-prompt")
     _require(r.rollout_max_response_len >= 1, "--rollout-max-response-len must be at least 1.", "--rollout-max-response-len")
     _require(r.rollout_temperature >= 0, "--rollout-temperature must be >= 0 (0 = greedy).", "--rollout-temperature")

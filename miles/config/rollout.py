@@ -17,7 +17,6 @@ class RolloutConfig:
     rollout_backend: Literal["builtin", "sglang"] = option(
         "builtin",
         help="Rollout engine: builtin (batched, KV-cached torch decoding; any machine) or sglang (GPU servers behind sglang-router).",
-        unavailable={"sglang": "the SGLang launcher is not built yet"},
         in_eval=True,
     )
     rollout_temperature: float = option(

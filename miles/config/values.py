@@ -79,6 +79,11 @@ def parse_engine_argv(tokens: list[str], *, where: str, recipe_flags: Iterable[s
             continue
         spec = by_flag.get(flag)
         if spec is None:
+            from miles.config.sglang import removed_flag_error
+
+            removed = removed_flag_error(flag)
+            if removed is not None:
+                raise removed
             if flag in recipe_flags:
                 raise UserError(f"{flag} is a recipe option, not an engine flag; give it on the command line, not in {where}.", option=flag)
             raise unknown_flag_error(flag, list(by_flag) + list(negations), where=where)

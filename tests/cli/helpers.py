@@ -39,6 +39,8 @@ def help_rows(output: str) -> dict[str, str]:
     """{flag: help text} for every option row of a help screen (continuation lines joined)."""
     rows: dict[str, str] = {}
     current = None
+    # A `--x / --no-x` pair wider than the terminal is printed on two lines (broken after the slash).
+    output = re.sub(r" /\n +(--no-[a-z0-9-]+)", r" / \1", output)
     for line in output.splitlines():
         m = _ROW.match(line)
         if m:

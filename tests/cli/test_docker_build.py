@@ -97,7 +97,7 @@ def test_dry_run_cu12_x86_latest_with_push(app):
         "--push",
         "--build-arg", "NO_PROXY=localhost,127.0.0.1",
         "--build-arg", "ENABLE_CUDA_13=0",
-        "--build-arg", "SGLANG_IMAGE_TAG=v0.5.16-cu129",
+        "--build-arg", "SGLANG_IMAGE_TAG=v0.5.23-cu129",
         "--build-arg", "WHEELS_TAG_X86=cu129-x86_64",
         "--label", label("docker/Dockerfile"),
         "-t", "radixark/miles:latest-cu12",
@@ -117,8 +117,7 @@ def test_dry_run_rocm700_mi35x_custom_uses_its_own_dockerfile(app):
         "-f", "docker/Dockerfile.rocm",
         "--build-arg", "NO_PROXY=localhost,127.0.0.1",
         "--build-arg", "GPU_ARCH=gfx950",
-        "--build-arg", "SGLANG_IMAGE_REPO=rocm/sgl-dev",
-        "--build-arg", "SGLANG_IMAGE_TAG=v0.5.14-rocm700-mi35x-20260627",
+        "--build-arg", "SGLANG_IMAGE_TAG=v0.5.23-rocm700-mi35x",
         "--build-arg", "SGLANG_USE_ROCM700A=1",
         "--label", label("docker/Dockerfile.rocm"),
         "-t", "rocm/sgl-dev:v0.1.0-rocm700-mi35x",
@@ -159,8 +158,7 @@ def test_variant_registry_matches_upstream_names_and_literal():
     assert VARIANTS["cu13-aarch64"].platforms == ("linux/arm64",)
     assert dict(VARIANTS["rocm720-mi35x"].build_args) == {
         "GPU_ARCH": "gfx950",
-        "SGLANG_IMAGE_REPO": "rocm/sgl-dev",
-        "SGLANG_IMAGE_TAG": "v0.5.16-rocm720-mi35x-20260730",
+        "SGLANG_IMAGE_TAG": "v0.5.23-rocm720-mi35x",
         "APPLY_ROCR_VMMFIX": "1",
         "TE_USE_WHEEL": "1",
     }

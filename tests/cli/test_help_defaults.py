@@ -15,6 +15,7 @@ import re
 import pytest
 
 from miles.config.engine import option_specs
+from miles.config.sglang import GROUPS as SGLANG_GROUPS
 from miles.config.values import format_value
 from miles_cli.run_commands import engine_specs_for, resolve_invocation
 from recipes import RECIPES

@@ -122,7 +122,7 @@ def test_a_copy_in_plan_would_be_caught(monkeypatch):
 
 
 def test_engine_checks_name_the_flag_the_user_has():
-    r = miles("train", "--dry-run", "--num-nodes", "2")
+    r = miles("train", "--num-nodes", "2")  # checked when the run starts (--dry-run plans several nodes)
     assert r.returncode == 2 and r.stderr.startswith("Error: --num-nodes > 1 needs a multi-node Ray cluster"), r.stderr
     r = miles("train", "--dry-run", "--num-gpus-per-node", "3")
     assert "(--num-nodes × --num-gpus-per-node = 3)" in r.stderr and "actor" not in r.stderr, r.stderr
@@ -135,7 +135,7 @@ def test_deterministic_mode_gets_its_environment_in_every_recipe(recipe_name):
     env_line = next(line for line in r.stdout.splitlines() if line.startswith("Environment:"))
     for pair in ("CUBLAS_WORKSPACE_CONFIG=:4096:8", "NCCL_ALGO=Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"):
         assert pair in env_line
-    r = miles("train", "--dry-run", "--model-name", recipe_name, "--no-train-deterministic")
+    r = miles("full-train", "--dry-run", "--model-name", recipe_name, "--no-train-deterministic")
     assert "CUBLAS_WORKSPACE_CONFIG" not in r.stdout
     help_text = " ".join(miles("train", "--model-name", recipe_name, "--help").stdout.split())
     assert "When on, the run's processes get CUBLAS_WORKSPACE_CONFIG=:4096:8, NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0." in help_text
@@ -190,7 +190,9 @@ def test_tracking_defaults_are_values_not_none():
 
 @pytest.mark.parametrize(
     "flag, value",
-    [("--advantage-estimator", "ppo"), ("--rollout-backend", "sglang")],
+    # --rollout-backend sglang is no longer here: issue-15 makes it resolve (--dry-run plans the servers) and
+    # the run refuses it where it cannot launch (tests/sglang_backend/test_sglang_options.py, ..._without_gpus_exits_2).
+    [("--advantage-estimator", "ppo")],
 )
 def test_unavailable_choices_are_declared_shown_and_rejected(flag, value):
     rows = help_rows(miles("train", "--help-all").stdout)
