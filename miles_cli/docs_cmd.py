@@ -17,10 +17,11 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import Any, Iterator
 
 import typer
 
+from miles.config.docs_options import DocsCheckOptions, DocsGenerateOptions
 from miles.errors import UserError
 from miles_cli.params import PARAMETER_DOCS
 
@@ -247,29 +248,23 @@ def cli_model():
 docs_app = typer.Typer(name="docs", help=SUMMARY, short_help=SUMMARY, no_args_is_help=True, add_completion=False)
 
 
-@docs_app.command("generate", help="Rewrite docs/reference/*.md and the generated blocks of every page from the code.")
-def generate_command(
-    root: Annotated[Optional[Path], typer.Option(help="Repository root (default: this checkout).")] = None,
-) -> None:
+def _generate(o: "DocsGenerateOptions") -> None:
     from miles.docs.generate import write_all
 
-    root = root or repo_root()
+    root = Path(o.root) if o.root else repo_root()
     changed = write_all(root, cli_model())
     for path in changed:
         typer.echo(f"updated {path}")
     typer.echo(f"{len(changed)} file(s) updated" if changed else "all generated docs are up to date")
 
 
-@docs_app.command("check", help="Check every page against the code; prints file:line: problem and exits 1 on any.")
-def check_command(
-    root: Annotated[Optional[Path], typer.Option(help="Repository root (default: this checkout).")] = None,
-    docs_dir: Annotated[Optional[Path], typer.Option(help="Pages to check (default: <root>/docs).")] = None,
-) -> None:
+def _check(o: "DocsCheckOptions") -> None:
     from rich.console import Console
 
     from miles.docs.check import check_all
 
-    root = root or repo_root()
+    root = Path(o.root) if o.root else repo_root()
+    docs_dir = Path(o.docs_dir) if o.docs_dir is not None else None
     if docs_dir is not None and not docs_dir.is_dir():
         raise UserError(f"--docs-dir {docs_dir} is not a directory; give the directory of the pages to check.", option="--docs-dir")
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -282,3 +277,27 @@ def check_command(
         console.print(f"{len(problems)} problem(s) found", style="bold red")
         raise typer.Exit(1)
     console.print("docs check passed", style="green")
+
+
+def _command(options_cls: type, run: Any, doc: str):
+    """A docs command whose options are generated from `options_cls`'s fields, like docker-build's."""
+    from miles.config.engine import specs_of
+    from miles_cli.errors import user_errors_exit_2
+    from miles_cli.params import make_parameter, with_signature
+
+    params = [make_parameter(s, s.default) for s in specs_of(options_cls, "docs", "Options")]
+
+    def command(**kwargs: Any) -> None:
+        with user_errors_exit_2():
+            run(options_cls(**kwargs))
+
+    command.__doc__ = doc
+    return with_signature(command, params)
+
+
+docs_app.command("generate", help="Rewrite docs/reference/*.md and the generated blocks of every page from the code.")(
+    _command(DocsGenerateOptions, _generate, "Rewrite the generated docs.")
+)
+docs_app.command("check", help="Check every page against the code; prints file:line: problem and exits 1 on any.")(
+    _command(DocsCheckOptions, _check, "Check every page against the code.")
+)

@@ -93,6 +93,10 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:  # "local": a private node, even when another Ray on this machine left /tmp/ray/ray_current_cluster
+            # Ray's own default for a new local node is token authentication, announced by a warning on every
+            # start; choosing that same mode explicitly keeps the protection and the console quiet. A value the
+            # user set (e.g. RAY_AUTH_MODE=disabled) wins.
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
             ray.init(address="local", num_cpus=num_cpus, **kwargs)
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)

@@ -116,3 +116,16 @@ def test_docker_build_help_defaults_equal_the_declarations():
             assert rows[s.flag].endswith("[required]"), (s.flag, rows[s.flag])
         else:
             assert shown_default(rows[s.flag]) == format_value(s.default), (s.flag, rows[s.flag])
+
+
+@pytest.mark.parametrize("command, options_cls", [("generate", "DocsGenerateOptions"), ("check", "DocsCheckOptions")])
+def test_docs_command_options_are_the_declared_fields(command, options_cls):
+    """`miles docs generate|check` take exactly their dataclass's fields, with the declared defaults."""
+    from miles.config import docs_options
+    from miles.config.engine import specs_of
+
+    specs = specs_of(getattr(docs_options, options_cls), "docs", "Options")
+    rows = help_rows(invoke(["docs", command, "--help"]).output)
+    assert set(rows) - {"--help"} == {s.flag for s in specs}
+    for s in specs:
+        assert shown_default(rows[s.flag]) == format_value(s.default), (s.flag, rows[s.flag])
