@@ -66,9 +66,9 @@ def test_router_argv_binds_prometheus_to_loopback_on_its_own_port():
         sys.executable, "-m", "sglang_router.launch_router", "--host", "10.0.0.1", "--port", "31000",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "31001", "--policy", "round_robin", "--disable-health-check",
     ]
-    cfg = config(sglang_router_prometheus_port=9100, sglang_router_prometheus_host="0.0.0.0")
+    cfg = config(sglang_router_prometheus_port=9100, sglang_router_prometheus_host="0.0.0.0", sglang_router_policy="cache_aware")
     argv = router_argv(cfg, host="h", port=1, prometheus_port=2)
-    assert argv[-4:] == ["--prometheus-host", "0.0.0.0", "--prometheus-port", "9100"]
+    assert argv[-6:] == ["--prometheus-host", "0.0.0.0", "--prometheus-port", "9100", "--policy", "cache_aware"]
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

@@ -42,7 +42,9 @@ def test_every_router_option_is_an_option_except_those_miles_sets():
     names = {s.name for s in option_specs() if s.group == "sglang_router"}
     fields = {e["name"] for e in router_fields()}
     assert names == {sg.ROUTER_PREFIX + n for n in fields - set(sg.ROUTER_SET_BY_MILES)}
-    assert {"sglang_router_policy", "sglang_router_request_timeout_secs", "sglang_router_health_check_interval_secs"} <= names
+    assert {"sglang_router_request_timeout_secs", "sglang_router_health_check_interval_secs"} <= names
+    # The router's policy is one option, in the rollout group: it drives the built-in fleet's router too.
+    assert "sglang_router_policy" not in names and next(s for s in option_specs() if s.name == "sglang_router_policy").group == "rollout"
 
 
 def test_defaults_are_sglangs_own():
@@ -51,7 +53,9 @@ def test_defaults_are_sglangs_own():
     assert by["sglang_ep_size"].default == 1
     assert by["sglang_deepep_mode"].default == "auto" and set(by["sglang_deepep_mode"].choices) == {"auto", "normal", "low_latency"}
     assert by["sglang_moe_a2a_backend"].default == "none" and "deepep" in by["sglang_moe_a2a_backend"].choices
-    assert by["sglang_router_policy"].default == "cache_aware"
+    # miles' one router-policy option keeps its own default (round_robin: the built-in fleet's engines
+    # share no prefix cache worth routing on); the router's own default is cache_aware.
+    assert by["sglang_router_policy"].default == "round_robin" and sg._by_name(router_fields())["policy"]["default"] == "cache_aware"
     assert by["sglang_router_request_timeout_secs"].default == 1800
     # miles' own router defaults (a second router on the host must not collide on 0.0.0.0:29000)
     assert by["sglang_router_prometheus_host"].default == "127.0.0.1"

@@ -151,6 +151,7 @@ def router_argv(cfg: Any, *, host: str, port: int, prometheus_port: int, worker_
     r = cfg.sglang_router
     argv += ["--prometheus-host", r.sglang_router_prometheus_host]
     argv += ["--prometheus-port", str(r.sglang_router_prometheus_port or prometheus_port)]
+    argv += ["--policy", cfg.rollout.sglang_router_policy]  # one option for both fleets (see ROUTER_OWNED)
     return argv + passthrough_args(r, ROUTER_PREFIX, router_entry, explicit=ROUTER_ALWAYS_PASSED)
 
 
