@@ -55,6 +55,11 @@ class MlflowSink:
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
+        # A new sqlite store logs its schema set-up ("Creating initial MLflow database tables...") at INFO
+        # on the run's console; it is MLflow's housekeeping, not the user's business. Warnings still show.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+
         self.tracking_uri = cfg.mlflow_tracking_uri or default_tracking_uri(run_dir)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._key_owner: dict[str, str] = {}

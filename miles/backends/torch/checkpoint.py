@@ -19,6 +19,7 @@ weights, for `miles eval` and exports.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -40,6 +41,15 @@ def _no_dist() -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
+@contextlib.contextmanager
+def _single_process_quietly():
+    """DCP warns on every save/load of a one-worker run that it assumes a single process, which is
+    exactly what a one-worker run is; on the run's console that warning is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
 def _rng_key(rank: int) -> str:
     return f"rng_rank_{rank}"
 
@@ -52,7 +62,8 @@ def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optim
         "scheduler": {"num_steps": torch.tensor(scheduler.num_steps, dtype=torch.int64)},
         _rng_key(rank): rng_state_tensors(),
     }
-    dcp.save(state, checkpoint_id=directory, no_dist=_no_dist())
+    with _single_process_quietly():
+        dcp.save(state, checkpoint_id=directory, no_dist=_no_dist())
 
 
 def saved_keys(directory: str) -> set[str]:
@@ -74,7 +85,8 @@ def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optim
         state[_rng_key(rank)] = rng_state_tensors()  # a template of the right shapes, filled in place
     else:
         logger.warning("%s holds no RNG state for rank %d (saved with fewer ranks); keeping its seeded generators", directory, rank)
-    dcp.load(state, checkpoint_id=directory, no_dist=_no_dist())
+    with _single_process_quietly():
+        dcp.load(state, checkpoint_id=directory, no_dist=_no_dist())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     scheduler.load_state_dict({"num_steps": int(state["scheduler"]["num_steps"])})
     if has_rng:
