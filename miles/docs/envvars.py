@@ -33,8 +33,6 @@ EXTERNAL: dict[str, str] = {
     "OMP_NUM_THREADS": "read by torch/OpenMP: CPU threads per process",
     "MLFLOW_TRACKING_URI": "read by MLflow: where runs are stored when --mlflow-tracking-uri is unset",
     "RAY_ADDRESS": "read by Ray: the cluster `ray.init()` joins",
-    "RAY_AUTH_MODE": "read by Ray: token authentication of a new local node; miles sets `token` (Ray's own default, "
-    "without its start-up warning) unless you set it, e.g. `disabled`",
     "WANDB_API_KEY": "read by wandb: credentials for online mode",
     "WANDB_MODE": "read by wandb: online, offline or disabled",
     "CUBLAS_WORKSPACE_CONFIG": "read by cuBLAS: needed for deterministic matmuls on GPU",

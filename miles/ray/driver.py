@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import time
@@ -76,6 +77,21 @@ class RunResult:
     resumed_from: int | None
 
 
+class _DropDefaultTokenAuthNotice(logging.Filter):
+    """Drops the one notice Ray logs on every new local node, that token authentication is on (its default).
+    The protection stays as Ray chose it; only the line goes, so a run's console starts with miles' own
+    output. Ray's other authentication messages (a disabled mode, a wrong token) still print."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _quiet_default_token_auth_notice() -> None:
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropDefaultTokenAuthNotice) for f in log.filters):
+        log.addFilter(_DropDefaultTokenAuthNotice())
+
+
 @contextlib.contextmanager
 def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
     import ray
@@ -93,10 +109,7 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
         if cfg.cluster.ray_address:
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:  # "local": a private node, even when another Ray on this machine left /tmp/ray/ray_current_cluster
-            # Ray's own default for a new local node is token authentication, announced by a warning on every
-            # start; choosing that same mode explicitly keeps the protection and the console quiet. A value the
-            # user set (e.g. RAY_AUTH_MODE=disabled) wins.
-            os.environ.setdefault("RAY_AUTH_MODE", "token")
+            _quiet_default_token_auth_notice()
             ray.init(address="local", num_cpus=num_cpus, **kwargs)
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
