@@ -10,9 +10,11 @@ from miles.config.fields import option
 
 @dataclass
 class TrainConfig:
-    train_backend: Literal["torch", "megatron"] = option(
+    train_backend: Literal["torch", "fsdp", "megatron"] = option(
         "torch",
-        help="Trainer: torch (CPU or GPU, data parallel) or megatron (megatron-core: TP/PP/CP/EP).",
+        help="Trainer: torch (a Hugging Face model, CPU or GPU; DDP: every worker holds all weights), fsdp (the same "
+        "model sharded over the workers with torch FSDP2: weights, gradients and optimizer state split) or megatron "
+        "(megatron-core: TP/PP/CP/EP).",
     )
     micro_batch_size: int = option(1, help="Samples per forward/backward pass; gradients accumulate up to --global-batch-size.")
     deterministic_mode: bool = option(

@@ -1,7 +1,7 @@
 """The training worker group: one `TrainWorker` per training rank, as Ray actors.
 
-Each worker holds one rank of the backend that `--train-backend` names (`torch`:
-`miles.backends.torch.TorchBackend`; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
+Each worker holds one rank of the backend that `--train-backend` names (`torch` and `fsdp`:
+`miles.backends.torch.TorchBackend`, DDP or FSDP2; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
 the `miles.backends.base.TrainerBackend` interface. Start-up is two calls, because the process group
 must exist before a backend is built:
 
@@ -56,7 +56,7 @@ def node_ip_address() -> str:
 
 def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) -> "TrainerBackend":
     """The `TrainerBackend` that `--train-backend` names, for one rank."""
-    if cfg.train.train_backend == "torch":
+    if cfg.train.train_backend in ("torch", "fsdp"):  # one trainer; fsdp shards it (TorchBackend.fsdp)
         from miles.backends.torch import TorchBackend
 
         return TorchBackend(cfg, rank=rank, world_size=world_size, device=device)
@@ -69,7 +69,7 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) 
                 option="--train-backend",
             ) from None
         return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
-    raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, megatron.", option="--train-backend")
+    raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, fsdp, megatron.", option="--train-backend")
 
 
 class TrainWorker:
