@@ -112,9 +112,10 @@ def _assert_buckets_are_the_hf_export(result: dict, export: Path, world: int) ->
     assert torch.equal(exported.model.embed_tokens.weight, on_disk["model.embed_tokens.weight"])
 
 
-def test_tp1_matches_torch_and_weight_buckets_are_the_hf_export(hf_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_tp1_matches_torch_and_weight_buckets_are_the_hf_export(hf_dir, tmp_path, layout):
     config = _config(hf_dir, world=1)
-    result = _mp.run(1, {"config": config, "rollouts": ROLLOUTS, "log_probs_seed": 5,
+    result = _mp.run(1, {"config": config, "rollouts": ROLLOUTS, "log_probs_seed": 5, "layout": layout,
                          "export_hf": str(tmp_path / "export"), "bucket_bytes": 20_000}, tmp_path)
     _assert_matches_reference(hf_dir, config, result)
     _assert_buckets_are_the_hf_export(result, tmp_path / "export", 1)
