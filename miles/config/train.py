@@ -36,7 +36,11 @@ class TrainConfig:
     pipeline_model_parallel_size: int = option(1, help="Megatron: pipeline-parallel size (the layers split into this many consecutive stages).")
     context_parallel_size: int = option(1, help="Megatron: context-parallel size (each sequence split over this many ranks; needs TransformerEngine, i.e. a GPU).")
     expert_model_parallel_size: int = option(1, help="Megatron: expert-parallel size (the experts of a MoE layer split over this many ranks).")
-    sequence_parallel: bool = option(False, help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1).")
+    sequence_parallel: bool = option(
+        False,
+        help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1 and "
+        "TransformerEngine or Apex norms, i.e. a GPU).",
+    )
     recompute_granularity: Literal["full", "selective"] | None = option(
         None, help="Megatron: recompute activations in backward instead of storing them: full layers or only the attention core; unset = store all."
     )

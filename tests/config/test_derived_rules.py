@@ -95,6 +95,8 @@ def test_a_rule_that_lies_is_caught():
         ({"train_backend": "megatron", "actor_num_gpus_per_node": 3, "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"train_backend": "megatron", "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"train_backend": "megatron", "device": "cpu", "fp8_format": "e4m3"}, "--fp8-format"),
+        ({"train_backend": "megatron", "device": "cpu", "actor_num_gpus_per_node": 2, "tensor_model_parallel_size": 2,
+          "sequence_parallel": True}, "--sequence-parallel"),
         ({"tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"rollout_backend": "sglang"}, "--rollout-backend"),
         ({"sglang_ep_size": 2}, "--sglang-ep-size"),  # an SGLang option without --rollout-backend sglang
