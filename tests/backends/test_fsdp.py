@@ -69,6 +69,11 @@ def test_fsdp_checkpoint_is_per_rank_and_resume_is_bit_exact(fsdp2):
     assert r_losses == s_losses
     assert all(torch.equal(r_weights[k], s_weights[k]) for k in s_weights)
     assert r_rngs == s_rngs
+    # What `miles eval --checkpoint` reads, with no process group: the full HF-named weights.
+    from miles.backends.torch.checkpoint import read_model_weights
+
+    whole = read_model_weights(str(ckpt))
+    assert {k: v.shape for k, v in whole.items()} == {k: v.shape for k, v in s_weights.items()}
 
 
 def test_fsdp_weight_buckets_are_the_hf_export(fsdp2):
