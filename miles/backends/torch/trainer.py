@@ -1,4 +1,4 @@
-"""`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP over gloo/NCCL).
+"""`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP or FSDP2 over gloo/NCCL).
 
 What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order:
 
@@ -18,8 +18,10 @@ What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order
    with `--calculate-per-token-loss`), so the accumulated gradient is the gradient of the global
    batch's mean loss however the batch is cut. With DP the model runs under torch's
    `DistributedDataParallel`, whose gradient all-reduce (a sum, by a comm hook, since the loss is
-   already normalised by the global batch) overlaps the last micro-batch's backward; then clip,
-   AdamW step, LR schedule.
+   already normalised by the global batch) overlaps the last micro-batch's backward. With
+   `--train-backend fsdp` the model is sharded by FSDP2 instead (miles/backends/torch/fsdp.py) and
+   gradients are reduce-scattered, also as a sum, after every micro-batch. Then clip, AdamW step,
+   LR schedule.
 
 The caller (`miles.ray.train_group.TrainWorker`) initialises `torch.distributed` (one process per
 rank) and passes the same full `train_data` to every rank; each rank trains on its own shard.
@@ -316,7 +318,9 @@ class TorchBackend(TrainerBackend):
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optimizer_cfg.clip_grad if self.optimizer_cfg.clip_grad > 0 else math.inf
-        grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        # Under FSDP the gradients are shards (DTensors); clip_grad_norm_ reduces their norms over the
+        # ranks, so this is the global norm on every rank, as one process would compute it.
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.scheduler.current_lr()
         skipped = 0.0
         if math.isfinite(grad_norm):
