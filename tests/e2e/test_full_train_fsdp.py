@@ -19,6 +19,7 @@ MILES = [sys.executable, "-m", "miles_cli.main"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two CLI runs; 6 min at load average 30 on 2 cores
 def test_debug_minimal_fsdp_on_two_workers(tmp_path: Path, warm_start):
     args = ["full-train", "--mode", "debug_minimal", "--train-backend", "fsdp", "--num-gpus-per-node", "2",
             "--model-dir", str(warm_start.model_dir), "--data-dir", str(warm_start.data_dir), "--sft-steps", "375",

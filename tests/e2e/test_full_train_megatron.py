@@ -67,10 +67,12 @@ def _learns(tmp_path: Path, run_id: str, *extra: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(5400)  # 500 rollouts: ~25 min at load average 30 on 2 cores
 def test_default_megatron_full_train_learns(tmp_path: Path):
     _learns(tmp_path, "mg-learn")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(5400)
 def test_default_megatron_full_train_learns_with_tp2_on_two_workers(tmp_path: Path):
     _learns(tmp_path, "mg-learn-tp2", "--tensor-model-parallel-size", "2", "--num-gpus-per-node", "2")
