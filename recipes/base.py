@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from miles.config.fields import Derived, option
+from miles.config.train import TrainConfig
 
 ENV_PREFIX = "MILES_SCRIPT_"
 
@@ -85,9 +86,8 @@ class RecipeOptions:
         engine="device",
         to_engine=lambda hardware: "cpu" if hardware == "cpu" else "auto",
     )
-    train_backend: Literal["torch", "megatron"] = option(
-        "torch", help="Trainer: torch (CPU or GPU, data parallel) or megatron (megatron-core: TP/PP/CP/EP).",
-        engine="train_backend",
+    train_backend: Literal["torch", "fsdp", "megatron"] = option(
+        "torch", help=TrainConfig.__dataclass_fields__["train_backend"].metadata["help"], engine="train_backend",
     )
     train_deterministic: bool = option(
         False,

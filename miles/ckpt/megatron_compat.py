@@ -205,6 +205,11 @@ def _training_patches() -> list[tuple[str, str, Any]]:
     build = dist_opt.__dict__["_build_model_and_main_param_groups"]
     out.append(("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer", "_build_model_and_main_param_groups",
                 type(build)(_with_cuda_type_names(build.__func__))))  # keep it a classmethod/staticmethod
+    # Activation recompute (--recompute-granularity) saves and restores "the CUDA generator" around
+    # every checkpointed block (tensor_parallel.random.CheckpointFunction). A CPU build has none: the
+    # CPU generator, which megatron saves and restores next to it, is the only one that draws.
+    out.append(("megatron.core.tensor_parallel.random", "_get_cuda_rng_state", _noop))
+    out.append(("megatron.core.tensor_parallel.random", "_set_cuda_rng_state", _noop))
     lm = importlib.import_module("megatron.core.models.common.language_module.language_module").LanguageModule
     out.append(("megatron.core.models.common.language_module.language_module.LanguageModule",
                 "setup_embeddings_and_output_layer", _with_cuda_as_cpu(lm.__dict__["setup_embeddings_and_output_layer"])))

@@ -10,9 +10,11 @@ from miles.config.fields import option
 
 @dataclass
 class TrainConfig:
-    train_backend: Literal["torch", "megatron"] = option(
+    train_backend: Literal["torch", "fsdp", "megatron"] = option(
         "torch",
-        help="Trainer: torch (CPU or GPU, data parallel) or megatron (megatron-core: TP/PP/CP/EP).",
+        help="Trainer: torch (a Hugging Face model, CPU or GPU; DDP: every worker holds all weights), fsdp (the same "
+        "model sharded over the workers with torch FSDP2: weights, gradients and optimizer state split) or megatron "
+        "(megatron-core: TP/PP/CP/EP).",
     )
     micro_batch_size: int = option(1, help="Samples per forward/backward pass; gradients accumulate up to --global-batch-size.")
     deterministic_mode: bool = option(
@@ -34,7 +36,11 @@ class TrainConfig:
     pipeline_model_parallel_size: int = option(1, help="Megatron: pipeline-parallel size (the layers split into this many consecutive stages).")
     context_parallel_size: int = option(1, help="Megatron: context-parallel size (each sequence split over this many ranks; needs TransformerEngine, i.e. a GPU).")
     expert_model_parallel_size: int = option(1, help="Megatron: expert-parallel size (the experts of a MoE layer split over this many ranks).")
-    sequence_parallel: bool = option(False, help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1).")
+    sequence_parallel: bool = option(
+        False,
+        help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1 and "
+        "TransformerEngine or Apex norms, i.e. a GPU).",
+    )
     recompute_granularity: Literal["full", "selective"] | None = option(
         None, help="Megatron: recompute activations in backward instead of storing them: full layers or only the attention core; unset = store all."
     )

@@ -1,7 +1,7 @@
 """The training worker group: one `TrainWorker` per training rank, as Ray actors.
 
-Each worker holds one rank of the backend that `--train-backend` names (`torch`:
-`miles.backends.torch.TorchBackend`; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
+Each worker holds one rank of the backend that `--train-backend` names (`torch` and `fsdp`:
+`miles.backends.torch.TorchBackend`, DDP or FSDP2; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
 the `miles.backends.base.TrainerBackend` interface. Start-up is two calls, because the process group
 must exist before a backend is built:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,7 +56,7 @@ def node_ip_address() -> str:
 
 def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) -> "TrainerBackend":
     """The `TrainerBackend` that `--train-backend` names, for one rank."""
-    if cfg.train.train_backend == "torch":
+    if cfg.train.train_backend in ("torch", "fsdp"):  # one trainer; fsdp shards it (TorchBackend.fsdp)
         from miles.backends.torch import TorchBackend
 
         return TorchBackend(cfg, rank=rank, world_size=world_size, device=device)
@@ -69,7 +69,7 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) 
                 option="--train-backend",
             ) from None
         return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
-    raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, megatron.", option="--train-backend")
+    raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, fsdp, megatron.", option="--train-backend")
 
 
 class TrainWorker:
@@ -78,8 +78,6 @@ class TrainWorker:
         self.cfg = cfg
         self.rank, self.world_size, self.device = rank, world_size, device
         self.backend: TrainerBackend | None = None
-        self._buckets: Iterator[list[tuple[str, torch.Tensor]]] | None = None
-        self._next_bucket: list[tuple[str, torch.Tensor]] | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a port free on this node): called on rank 0 only."""
@@ -114,26 +112,6 @@ class TrainWorker:
         self.backend.onload()
 
     # -- weights to the rollout engines --------------------------------------------------------------
-    def begin_weight_buckets(self, bucket_bytes: int) -> bool:
-        """Start this rank's pass over `iter_weight_buckets` (every rank must); True if a bucket follows."""
-        self._buckets = self.backend.iter_weight_buckets(bucket_bytes)
-        self._next_bucket = next(self._buckets, None)
-        return self._next_bucket is not None
-
-    def weight_buckets_left(self) -> bool:
-        return self._next_bucket is not None
-
-    def next_weight_bucket(self) -> list[tuple[str, torch.Tensor]]:
-        """The current bucket as host-memory copies (empty on ranks that are not the weight source),
-        then one step further on the backend's iterator (a collective step on every rank)."""
-        if self._buckets is None or self._next_bucket is None:
-            raise RuntimeError("next_weight_bucket called without begin_weight_buckets, or past the last bucket")
-        bucket = [(name, t.detach().to("cpu", copy=True)) for name, t in self._next_bucket]
-        self._next_bucket = next(self._buckets, None)
-        if self._next_bucket is None:
-            self._buckets = None
-        return bucket
-
     def push_weights(self, targets: dict[str, Any], version: int) -> dict[str, float]:
         """Every rank: iterate the weight buckets; the source rank sends them to the engines (miles/ray/weight_sync.py)."""
         from miles.ray.weight_sync import push_weights

@@ -4,20 +4,10 @@ process, and a per-rank checkpoint taken half way resumes bit for bit."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import socket
 
 import pytest
 import torch
-from dp_worker import run_rank, train_reference_rollouts
-
-WAIT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dp_worker import full_weights, spawn, train_reference_rollouts
 
 
 def _results(run_dir):
@@ -31,24 +21,14 @@ def _results(run_dir):
 def dp2(tiny_hf_dir, tmp_path_factory):
     """Two gloo ranks (spawned once): a straight run and a run resumed from a per-rank checkpoint."""
     out_dir = tmp_path_factory.mktemp("dp2")
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=run_rank, args=(r, 2, port, tiny_hf_dir, str(out_dir))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=WAIT_S)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, f"data-parallel ranks still running after {WAIT_S}s (gloo collective hung?)"
-    assert [p.exitcode for p in procs] == [0, 0], "a data-parallel rank failed; see its traceback above"
+    spawn(2, tiny_hf_dir, str(out_dir))
     return out_dir
 
 
 @pytest.fixture(scope="module")
 def dp1(tiny_hf_dir):
-    return train_reference_rollouts(tiny_hf_dir)
+    trainer, losses, _ = train_reference_rollouts(tiny_hf_dir)
+    return full_weights(trainer), losses
 
 
 def test_two_ranks_equal_one_process(dp1, dp2):

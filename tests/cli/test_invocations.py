@@ -28,6 +28,8 @@ BAD = [
     (["train", "--train-backend", "megatron", "--num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"],
      "--tensor-model-parallel-size"),
     (["train", "--train-backend", "megatron", "--sequence-parallel"], "--sequence-parallel"),
+    (["train", "--train-backend", "megatron", "--num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+      "--sequence-parallel"], "--sequence-parallel"),  # needs TE/Apex norms: not on CPU
     (["train", "--use-fault-tolerance"], "--use-fault-tolerance"),
     (["train", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"], "--rollout-num-gpus-per-engine"),
     (["train", "--sglang-router-policy", "fastest"], "--sglang-router-policy"),

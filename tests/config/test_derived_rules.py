@@ -95,6 +95,8 @@ def test_a_rule_that_lies_is_caught():
         ({"train_backend": "megatron", "actor_num_gpus_per_node": 3, "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"train_backend": "megatron", "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"train_backend": "megatron", "device": "cpu", "fp8_format": "e4m3"}, "--fp8-format"),
+        ({"train_backend": "megatron", "device": "cpu", "actor_num_gpus_per_node": 2, "tensor_model_parallel_size": 2,
+          "sequence_parallel": True}, "--sequence-parallel"),
         ({"tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         # --rollout-backend sglang resolves (its --dry-run plans the servers); the run's preflight refuses it
         # where it cannot launch: tests/sglang_backend/test_sglang_options.py.

@@ -61,18 +61,28 @@ def metric_rows(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_data_parallel_workers_match_one(warm_start, tmp_path, ray_session):
-    """DP=2 over gloo in the real loop ends with the weights of DP=1 (same global batch, same samples)."""
+@pytest.fixture(scope="module")
+def warm_dp1(warm_start, tmp_path_factory, ray_session):
+    """One training worker on the warm start: the reference the data-parallel runs must equal."""
+    one = tmp_path_factory.mktemp("dp1")
+    run_training(warm_config(warm_start, one), run_dir=one, run_id="dp1")
+    return one
+
+
+@pytest.mark.parametrize("backend", ["torch", "fsdp"])
+def test_two_data_parallel_workers_match_one(backend, warm_dp1, warm_start, tmp_path, ray_session):
+    """DP=2 over gloo in the real loop, with DDP (torch) or FSDP2 (fsdp), ends with the weights of
+    DP=1 and logs its per-step losses (same global batch, same samples)."""
     from safetensors.torch import load_file
 
-    one = tmp_path / "dp1"
-    run_training(warm_config(warm_start, one), run_dir=one, run_id="dp1")
-    two = tmp_path / "dp2"
-    run_training(warm_config(warm_start, two, actor_num_gpus_per_node=2), run_dir=two, run_id="dp2")
+    one, two = warm_dp1, tmp_path / "dp2"
+    run_training(warm_config(warm_start, two, actor_num_gpus_per_node=2, train_backend=backend), run_dir=two, run_id="dp2")
     for run_dir in (one, two):
         rows = [r for r in metric_rows(run_dir) if "train/grad_norm" in r]
         assert len(rows) == 2 and all(r["train/grad_norm"] > 0 for r in rows), "no gradient: nothing was compared"
         assert all(0 < r["rollout/raw_reward"] < 1 for r in rows), "rewards did not vary"
+    losses = [[r["train/loss"] for r in metric_rows(d) if "train/loss" in r] for d in (one, two)]
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5, rel=0), losses
     a, b = final_weights(one), final_weights(two)
     initial = load_file(str(warm_start.sft_model / "model.safetensors"))
     moved = max((a[k] - initial[k]).abs().max().item() for k in initial)

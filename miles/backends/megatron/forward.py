@@ -1,17 +1,24 @@
-"""Packed batches on megatron-core without TransformerEngine: block-diagonal causal attention.
+"""Packed batches on megatron-core without TransformerEngine: two layouts, chosen by cost.
 
 megatron-core's packed `thd` attention (`PackedSeqParams`) needs TransformerEngine; its local
-`DotProductAttention` asserts on it. So a `PackedBatch` is run as one `[1, T]` sequence with an
-explicit boolean mask `[1, 1, T, T]` (True = masked) that lets a token see only earlier tokens of its
-own sample, and per-sample position ids (RoPE). This reproduces per-sample logits to float rounding;
-the mask is O(T^2), which is the price of packing without TE (a GPU build with TE would pass
-`PackedSeqParams` instead).
+`DotProductAttention` asserts on it. So a `PackedBatch` meets megatron's dense attention in one of
+the two layouts the torch backend uses too (`miles.backends.torch.forward.choose_layout`):
 
-The stream is padded at the end to a multiple of `pad_multiple` (the TP size, which sequence
-parallelism needs) with token 0 as one extra pseudo-sample that only attends to itself.
+- "packed": one `[1, T]` sequence with an explicit boolean mask `[1, 1, T, T]` (True = masked) that
+  lets a token see only earlier tokens of its own sample, and per-sample position ids (RoPE). The
+  mask and the attention scores are O(T^2): cheap for a few long samples, ruinous for many short ones
+  (256 samples of ~12 tokens: T = 3k, 50x the padded cost; the tiny recipe's train step took 6-12 s);
+- "padded": `[B, L]` rows, each sample right-padded to the longest, positions 0..L-1 and one causal
+  mask `[1, 1, L, L]` for every row (a real token never sees the padding after it).
+
+Both reproduce per-sample logits to float rounding (a GPU build with TE would pass `PackedSeqParams`
+instead). The sequence is padded at the end to a multiple of `pad_multiple` (the TP size, which
+sequence parallelism needs); in the packed layout with token 0 as one extra pseudo-sample that only
+attends to itself.
 
 Log-probs: the logits at position t predict token t + 1, so sample b's response tokens (the last r_b
-of tokens[cu[b]:cu[b+1]]) are scored by the logits at rows cu[b+1] - r_b - 1 .. cu[b+1] - 2.
+of its tokens) are scored by the logits at positions len_b - r_b - 1 .. len_b - 2 of its row (packed:
+at rows cu[b+1] - r_b - 1 .. cu[b+1] - 2 of the one stream).
 """
 
 from __future__ import annotations
@@ -27,14 +34,25 @@ from miles.backends.base import PackedBatch
 class StreamInputs:
     """One packed micro-batch as megatron-core's GPTModel takes it, plus where its responses are."""
 
-    input_ids: torch.Tensor  # int64 [1, T]
-    position_ids: torch.Tensor  # int64 [1, T]
-    attention_mask: torch.Tensor  # bool [1, 1, T, T], True = masked
-    rows: torch.Tensor  # int64 [R]: logit row scoring each response token
+    input_ids: torch.Tensor  # int64 [B', S] (B' = 1 packed, B padded)
+    position_ids: torch.Tensor  # int64 [B', S]
+    attention_mask: torch.Tensor  # bool [1, 1, S, S], True = masked
+    rows: torch.Tensor  # int64 [R]: position (in its sequence) of the logits scoring each response token
     targets: torch.Tensor  # int64 [R]: the response tokens
+    seqs: torch.Tensor | None = None  # int64 [R]: the sequence of each response token (None: all in sequence 0)
 
 
-def stream_inputs(batch: PackedBatch, *, pad_multiple: int = 1) -> StreamInputs:
+def cheaper_layout(batch: PackedBatch, hidden_size: int) -> str:
+    """"packed" or "padded", whichever costs less for this batch on a model of `hidden_size`."""
+    from miles.backends.torch.forward import choose_layout
+
+    return choose_layout((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist(), hidden_size)
+
+
+def stream_inputs(batch: PackedBatch, *, pad_multiple: int = 1, layout: str = "packed") -> StreamInputs:
+    """The megatron inputs of `batch` in `layout` ("packed" or "padded")."""
+    if layout == "padded":
+        return _padded_inputs(batch, pad_multiple)
     tokens, cu = batch.tokens, batch.cu_seqlens
     n = int(tokens.numel())
     total = -(-n // pad_multiple) * pad_multiple
@@ -58,6 +76,28 @@ def stream_inputs(batch: PackedBatch, *, pad_multiple: int = 1) -> StreamInputs:
     )
 
 
+def _padded_inputs(batch: PackedBatch, pad_multiple: int) -> StreamInputs:
+    cu, device = batch.cu_seqlens.cpu(), batch.tokens.device
+    lengths = cu[1:] - cu[:-1]
+    longest = int(lengths.max()) if lengths.numel() else 1
+    width = -(-longest // pad_multiple) * pad_multiple
+    b = int(lengths.numel())
+    seq_of_token = torch.repeat_interleave(torch.arange(b), lengths)
+    col_of_token = torch.arange(int(cu[-1])) - cu[:-1][seq_of_token]
+    ids = torch.zeros(b, width, dtype=torch.long)
+    ids[seq_of_token, col_of_token] = batch.tokens.cpu()
+    resp = batch.response_lengths.cpu()
+    seqs = torch.repeat_interleave(torch.arange(b), resp)
+    # sample s's response occupies columns len_s - r_s .. len_s - 1, scored one column earlier
+    offset = torch.arange(int(resp.sum())) - torch.repeat_interleave(torch.cumsum(resp, 0) - resp, resp)
+    rows = (lengths - resp)[seqs] + offset - 1
+    return StreamInputs(
+        input_ids=ids.to(device), position_ids=torch.arange(width).expand(b, width).to(device),
+        attention_mask=torch.ones(width, width, dtype=torch.bool).triu(1)[None, None].to(device),
+        rows=rows.to(device), targets=ids[seqs, rows + 1].to(device), seqs=seqs.to(device),
+    )
+
+
 def response_log_probs(logits: torch.Tensor, inputs: StreamInputs, *, vocab_size: int, temperature: float,
                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [R] (and entropy [R]) of the response tokens from full-vocabulary logits [1, T, V_pad].
@@ -68,6 +108,7 @@ def response_log_probs(logits: torch.Tensor, inputs: StreamInputs, *, vocab_size
     from miles.algo.entropy import entropy_from_logits
     from miles.backends.torch.forward import scale_logits_by_temperature
 
-    step = scale_logits_by_temperature(logits[0, inputs.rows, :vocab_size].float(), temperature)
+    seqs = 0 if inputs.seqs is None else inputs.seqs
+    step = scale_logits_by_temperature(logits[seqs, inputs.rows, :vocab_size].float(), temperature)
     lp = step.gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step, dim=-1)
     return lp, (entropy_from_logits(step) if with_entropy else None)

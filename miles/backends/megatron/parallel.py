@@ -2,13 +2,15 @@
 
 `check_options(cfg, world_size, shape, cuda=...)` raises one `UserError` (exit 2, one sentence naming
 the option) for a layout that cannot run: sizes that do not divide the worker count or the model,
-sequence parallelism without TP, and the TransformerEngine-only features on a machine without CUDA.
+sequence parallelism without TP or without TE/Apex norms, and the TransformerEngine-only features on a
+machine without CUDA.
 `init_parallel(opts)` initialises `megatron.core.parallel_state` over the already-initialised
 torch.distributed world (creating a one-rank gloo group when the caller runs a single process).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -85,9 +87,16 @@ def check_layout(cfg, world_size: int) -> None:
 
 def check_hardware(cfg, *, cuda: bool) -> None:
     """TransformerEngine-only features are refused on a machine without CUDA (passed through with it)."""
+    t = cfg.train
+    if t.sequence_parallel and t.transformer_impl == "local" and (not cuda or importlib.util.find_spec("apex") is None):
+        # megatron-core 0.16.1's local layer spec normalises with Apex's fused norm when Apex is
+        # installed (GPU only) and otherwise with a plain-torch norm that asserts sequence_parallel off.
+        raise UserError(
+            "--sequence-parallel needs megatron-core's TransformerEngine or Apex norms (its plain-torch norm refuses "
+            "sequence parallelism): " + ("drop it on CPU." if not cuda else "add --transformer-impl transformer_engine or install Apex."),
+            option="--sequence-parallel")
     if cuda:
         return
-    t = cfg.train
     if t.transformer_impl == "transformer_engine":
         raise UserError("--transformer-impl transformer_engine needs TransformerEngine on a GPU; use --transformer-impl local on CPU.",
                         option="--transformer-impl")

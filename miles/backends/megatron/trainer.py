@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from miles.backends.base import PackedBatch, TrainerBackend
 from miles.backends.megatron import model as mm
-from miles.backends.megatron.forward import StreamInputs, response_log_probs, stream_inputs
+from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
 from miles.backends.megatron.parallel import check_hardware, check_layout, check_model, init_parallel, options_from_config
 from miles.backends.packing import pack_samples
 from miles.errors import UserError
@@ -71,6 +71,8 @@ class MegatronTrainer(TrainerBackend):
         check_hardware(cfg, cuda=device == "cuda")
         self.shape = mm.read_hf_config(cfg.rollout.hf_checkpoint)
         self.opts = options_from_config(cfg)
+        self.layout: Literal["packed", "padded"] | None = None
+        """How micro-batches meet the attention kernel (forward.py); None: the cheaper one per micro-batch."""
         check_model(self.shape, self.opts)
         if cfg.train.train_backend != "megatron":
             raise ValueError("MegatronTrainer built for a config with --train-backend torch")
@@ -134,7 +136,8 @@ class MegatronTrainer(TrainerBackend):
         """megatron's schedule over packed micro-batches; the per-micro-batch dicts of the last PP stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple())) for b in batches]
+        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(), layout=self.layout or cheaper_layout(b, self.shape.hidden_size)))
+                 for b in batches]
         vocab, temperature = self.shape.vocab_size, self.temperature
 
         def on_output(batch: PackedBatch, inputs: StreamInputs, output: torch.Tensor):
@@ -149,9 +152,10 @@ class MegatronTrainer(TrainerBackend):
             return out, partial(on_output, batch, inputs)
 
         longest = max(int(i.input_ids.shape[1]) for _, i in items)
+        widest = max(int(i.input_ids.shape[0]) for _, i in items)
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(items), model=[net], num_microbatches=len(items),
-            seq_length=longest, micro_batch_size=1, forward_only=forward_only)
+            seq_length=longest, micro_batch_size=widest, forward_only=forward_only)
 
     def _broadcast_from_last_stage(self, tensors: list[torch.Tensor | None], sizes: list[int]) -> list[torch.Tensor]:
         """Every PP stage gets the last stage's per-micro-batch [R_i] results."""

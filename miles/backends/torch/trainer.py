@@ -1,4 +1,4 @@
-"""`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP over gloo/NCCL).
+"""`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP or FSDP2 over gloo/NCCL).
 
 What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order:
 
@@ -18,8 +18,10 @@ What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order
    with `--calculate-per-token-loss`), so the accumulated gradient is the gradient of the global
    batch's mean loss however the batch is cut. With DP the model runs under torch's
    `DistributedDataParallel`, whose gradient all-reduce (a sum, by a comm hook, since the loss is
-   already normalised by the global batch) overlaps the last micro-batch's backward; then clip,
-   AdamW step, LR schedule.
+   already normalised by the global batch) overlaps the last micro-batch's backward. With
+   `--train-backend fsdp` the model is sharded by FSDP2 instead (miles/backends/torch/fsdp.py) and
+   gradients are reduce-scattered, also as a sum, after every micro-batch. Then clip, AdamW step,
+   LR schedule.
 
 The caller (`miles.ray.train_group.TrainWorker`) initialises `torch.distributed` (one process per
 rank) and passes the same full `train_data` to every rank; each rank trains on its own shard.
@@ -46,6 +48,7 @@ from miles.backends.base import PackedBatch, TrainerBackend
 from miles.backends.loss import packed_loss
 from miles.backends.packing import pack_samples
 from miles.backends.torch.batching import StepPlan, plan_steps
+from miles.backends.torch.fsdp import full_tensor
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
 from miles.backends.torch.optim import LRSchedule, build_optimizer
 from miles.backends.torch.rng import seed_everything
@@ -133,11 +136,22 @@ class TorchBackend(TrainerBackend):
         self.is_weight_source = rank == 0
 
         seed_everything(cfg.optimizer.seed, deterministic=cfg.train.deterministic_mode)
+        self.fsdp = cfg.train.train_backend == "fsdp"
+        """FSDP2 (`--train-backend fsdp`): parameters, gradients and AdamW state sharded over the
+        ranks (miles/backends/torch/fsdp.py); otherwise every rank holds everything (DDP)."""
+        if self.fsdp:
+            from miles.backends.torch.fsdp import ensure_process_group
+
+            ensure_process_group(device)
         self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
         self.model.train()
         self.net = ResponseLogits(self.model)
         self.train_net: torch.nn.Module = self.net
-        if world_size > 1:
+        if self.fsdp:
+            from miles.backends.torch.fsdp import shard_response_logits
+
+            shard_response_logits(self.net, device)  # in place: self.net is the FSDP root
+        elif world_size > 1:
             # broadcast_buffers=False: the only buffers are rotary tables, identical on every rank.
             self.train_net = torch.nn.parallel.DistributedDataParallel(self.net, broadcast_buffers=False)
             self.train_net.register_comm_hook(None, _sum_gradients_hook)
@@ -150,6 +164,10 @@ class TorchBackend(TrainerBackend):
             self.ref_model = _load_causal_lm(cfg.ckpt.ref_load or cfg.rollout.hf_checkpoint, device)
             self.ref_model.eval().requires_grad_(False)
             self.ref_net = ResponseLogits(self.ref_model)
+            if self.fsdp:
+                from miles.backends.torch.fsdp import shard_response_logits
+
+                shard_response_logits(self.ref_net, device)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.scheduler = LRSchedule(self.optimizer, cfg.optimizer)
         # Resolved once here so a bad --custom-loss-function-path fails at start-up, not mid-step.
@@ -277,8 +295,10 @@ class TorchBackend(TrainerBackend):
         last = len(plan.micro_batches) - 1
         for k, mb in enumerate(plan.micro_batches):
             batch = batches[tuple(mb)]
-            # Gradients of all but the last micro-batch stay local; DDP all-reduces on the last backward.
-            sync = self.train_net.no_sync() if self.world_size > 1 and k < last else contextlib.nullcontext()
+            # DDP: gradients of all but the last micro-batch stay local; it all-reduces on the last
+            # backward. FSDP reduce-scatters every micro-batch, so no rank ever holds a full gradient.
+            ddp = self.world_size > 1 and not self.fsdp
+            sync = self.train_net.no_sync() if ddp and k < last else contextlib.nullcontext()
             with sync:
                 log_probs, entropy = response_log_probs(
                     self.train_net,
@@ -298,6 +318,8 @@ class TorchBackend(TrainerBackend):
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optimizer_cfg.clip_grad if self.optimizer_cfg.clip_grad > 0 else math.inf
+        # Under FSDP the gradients are shards (DTensors); clip_grad_norm_ reduces their norms over the
+        # ranks, so this is the global norm on every rank, as one process would compute it.
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.scheduler.current_lr()
         skipped = 0.0
@@ -324,7 +346,9 @@ class TorchBackend(TrainerBackend):
     def _move(self, device: str) -> None:
         if self.device == "cpu":
             return  # already in host memory
-        for net in (self.model, self.ref_model):
+        # The wrappers, not the HF models: under FSDP they are the roots, whose `.to()` re-points
+        # the sharded parameters FSDP keeps (the HF model's own `.to()` would miss the root's).
+        for net in (self.net, self.ref_net):
             if net is not None:
                 net.to(device)
         for state in self.optimizer.state.values():
@@ -347,22 +371,24 @@ class TorchBackend(TrainerBackend):
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, tensor) for every weight, each storage once (a tied lm_head is skipped,
-        as in HF's safetensors). The tensors are the live weights, detached: copy them before the
-        next `train_step`."""
+        """(Hugging Face name, full tensor) for every weight, each parameter once (a tied lm_head is
+        skipped, as in HF's safetensors). Unsharded, the tensors are the live weights, detached: copy
+        them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
+        a collective: every rank must iterate to the end."""
         seen: set[int] = set()
-        for name, tensor in self.model.state_dict().items():
-            ptr = tensor.untyped_storage().data_ptr()
-            if ptr in seen:
+        # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
+        # on every rank (a storage pointer would not do: an empty shard has none).
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
                 continue
-            seen.add(ptr)
-            yield name, tensor.detach()
+            seen.add(id(tensor))
+            yield name, full_tensor(tensor.detach())
 
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """HF-named full weights in buckets of at most `bucket_bytes` (a bigger tensor travels alone).
 
-        Under DDP every rank holds the full weights, so no collective is needed: every rank plans the
-        same buckets, and ranks other than the weight source yield them empty.
+        Every rank plans the same buckets (under FSDP gathering each tensor with the other ranks; under
+        DDP every rank already holds it), and ranks other than the weight source yield them empty.
         """
         from miles.rollout.engine.base import iter_weight_buckets
 

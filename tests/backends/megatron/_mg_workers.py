@@ -45,6 +45,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     cfg = build_config(job["config"])
     fill_derived(cfg)
     trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device="cpu")
+    trainer.layout = job.get("layout")  # None: the cheaper layout per micro-batch
     if job.get("load"):
         trainer.load_checkpoint(job["load"])
     result: dict = {"metrics": []}
