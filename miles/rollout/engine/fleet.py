@@ -113,7 +113,7 @@ class EngineFleet(RolloutEngine):
         self._restarting: dict[int, threading.Thread] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * num_engines))
         self._pending: set[Future] = set()
-        self._session: list[_Slot] = []  # the engines the weight update in progress reaches
+        self._session: list[tuple[_Slot, str]] = []  # (slot, its URL then): the engines of the update in progress
         self._probe_lock = threading.Lock()
         self._probed_at = float("-inf")  # when the last probe after a failed request started
         self._died_at = float("-inf")  # when an engine was last found dead
@@ -328,8 +328,9 @@ class EngineFleet(RolloutEngine):
 
     # ------------------------------------------------------------------ weights
     def _in_session(self) -> list[_Slot]:
-        """The engines of the update in progress (those that opened it) that are still alive."""
-        return [s for s in self._session if s.state in ("serving", "new")]
+        """The engines of the update in progress (those that opened it) that are still alive; a slot
+        restarted meanwhile has a new URL and is not one of them."""
+        return [s for s, url in self._session if s.url == url and s.state in ("serving", "new")]
 
     def weight_targets(self) -> list[str]:
         """URLs of the engines the update in progress goes to: the serving ones and the restarted ones
@@ -345,7 +346,7 @@ class EngineFleet(RolloutEngine):
         if self.fatal:
             raise RunStopped(self.fatal)
         self._updating = True
-        self._session = [s for s in self.slots if s.state in ("serving", "new")]
+        self._session = [(s, s.url) for s in self.slots if s.state in ("serving", "new")]
         self._each("pause_generation", slots=self._in_session())
         self._each("flush_cache", slots=self._in_session())
         self._each("begin_weight_update", slots=self._in_session())
