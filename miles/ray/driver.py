@@ -290,23 +290,25 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
 
 @contextlib.contextmanager
 def placement(cfg: EngineConfig, world: int, device: str):
-    """One PACK placement group: a bundle per training rank, plus one per engine unless colocated
-    (then engine i shares rank i % world's bundle). Yields `bundle_of(rank | "rollout" | ("engine", i))
-    -> actor options`
-    and removes the group afterwards (a shared Ray cluster gets its resources back)."""
+    """One PACK placement group, upstream's layout: colocated, max(ranks, engines) bundles with rank i
+    and engine i sharing bundle i (each takes half); otherwise a bundle per rank, then one per engine.
+    Yields `bundle_of(rank | "rollout" | ("engine", i)) -> actor options` and removes the group
+    afterwards (a shared Ray cluster gets its resources back)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     unit = {"CPU": 1.0, **({"GPU": 1.0} if device == "cuda" else {})}
     engines = cfg.cluster.rollout_num_gpus or 1
-    n = world if cfg.cluster.colocate else world + engines
+    # Colocated, two engines must not share one rank's bundle: two halves fill it and the trainer
+    # that takes the other half of that device would never be placed.
+    n = max(world, engines) if cfg.cluster.colocate else world + engines
     group = ray.util.placement_group([dict(unit) for _ in range(n)], strategy="PACK")
     wait(group.ready(), f"a placement group of {n} bundles of {unit}", ACTOR_START_TIMEOUT_S)
 
     def bundle_of(who) -> dict[str, Any]:
         if who == "rollout" or isinstance(who, tuple):  # the in-process engine, or ("engine", i) = server i
             slot = who[1] if isinstance(who, tuple) else 0
-            index = slot % world if cfg.cluster.colocate else world + slot
+            index = slot if cfg.cluster.colocate else world + slot
         else:
             index = who
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)}

@@ -146,12 +146,15 @@ def test_a_dead_engine_without_fault_tolerance_stops_the_run_with_one_sentence(f
 
 
 def test_a_killed_engine_with_fault_tolerance_is_restarted_with_current_weights(files, tmp_path, ray_session):
+    """Colocated like the tiny recipe (one training rank, two engines: upstream's layout gives each engine
+    its own bundle; two in rank 0's bundle left no room for the trainer, a hang)."""
     run_dir = tmp_path / "ft"
     killed: list[int] = []
     watcher = _kill_an_engine_after_step(run_dir, 1, killed)
     cfg = config(
-        files, rollout_num_gpus=2, num_rollout=5, use_fault_tolerance=True,
+        files, rollout_num_gpus=2, num_rollout=5, use_fault_tolerance=True, colocate=True,
         rollout_health_check_interval=0.5, rollout_health_check_timeout=5,
+        save_debug_rollout_data=str(tmp_path / "samples" / "{rollout_id}.jsonl"),
     )
     result = run_training(cfg, run_dir=run_dir, run_id="ft")  # --check-weight-update-equal is on: every
     watcher.join(1)  # sync after the restart is verified on both engines, the new one included
@@ -161,3 +164,50 @@ def test_a_killed_engine_with_fault_tolerance_is_restarted_with_current_weights(
     state = json.loads((run_dir / "engines.json").read_text())
     assert [e["state"] for e in state["engines"]] == ["serving", "serving"] and state["restarts"] == 1
     assert state["engines"][0]["pid"] != killed[0]
+    # Rollout r is generated with weight version r (the first sync is 0, the one after rollout r is
+    # r + 1): no sample came from the restarted engine before it had the current weights.
+    for r in range(5):
+        lines = (tmp_path / "samples" / f"{r}.jsonl").read_text().splitlines()
+        assert {json.loads(line)["weight_version"] for line in lines} == {r}
+
+
+def _served(fleet, index: int) -> dict:
+    """Engine `index`'s own counters (requests it answered, and what it has running and waiting)."""
+    return fleet.slots[index].client.call("/server_info", method="GET", timeout=30)["internal_states"][0]
+
+
+def test_requests_of_a_killed_engine_are_sent_again_exactly_once(files, tmp_path, ray_session):
+    """16 seeded requests over 2 servers (one request at a time each, so engine 0 has a queue), then
+    SIGKILL engine 0: every request still returns, complete and with the tokens it would have had
+    (same seed, any engine), and the survivor answered its own 8 plus exactly the re-queued ones: no
+    re-queued request went to the dead engine again (that would count twice) or got lost (hang)."""
+    from miles.config.fault_tolerance import FaultToleranceConfig
+    from miles.rollout.engine.base import GenerateRequest, SamplingParams
+    from miles.rollout.engine.builtin import BuiltinEngine
+    from miles.rollout.engine.fleet import EngineFleet
+
+    _, model = files
+    # The health monitor stays out of it (its first check is an hour away): the failed requests
+    # themselves must find the dead engine.
+    ft = FaultToleranceConfig(use_fault_tolerance=True, rollout_health_check_first_wait=3600)
+    reqs = [GenerateRequest([5, 6, 7], SamplingParams(temperature=1.0, max_new_tokens=24, seed=i), True, f"r{i:02d}") for i in range(16)]
+    fleet = EngineFleet(str(model), num_engines=2, policy="round_robin", ft=ft, max_batch_size=1, log_dir=tmp_path)
+    try:
+        futures = [fleet.submit(r) for r in reqs]
+        deadline = time.monotonic() + 120
+        while True:  # all 16 arrived (8 per engine, round robin) before the kill
+            states = [_served(fleet, i) for i in (0, 1)]
+            if all(s["requests"] + s["running"] + s["waiting"] >= 8 for s in states):
+                break
+            assert time.monotonic() < deadline, f"the requests never all reached the engines: {states}"
+            time.sleep(0.01)
+        os.kill(fleet.slots[0].pid, signal.SIGKILL)
+        results = [f.result(timeout=300) for f in futures]
+        survivor = _served(fleet, 1)["requests"]
+    finally:
+        fleet.shutdown()
+    reference = BuiltinEngine(str(model), max_batch_size=16).generate(reqs)
+    assert [r.output_ids for r in results] == [r.output_ids for r in reference]
+    assert all(r.finish_reason["type"] != "abort" for r in results)
+    assert fleet.restarts == 1 and 1 <= fleet.requeued <= 8
+    assert survivor == 8 + fleet.requeued, (survivor, fleet.requeued)

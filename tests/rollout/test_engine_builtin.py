@@ -353,6 +353,27 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     assert eng.health()["paused"] is False
 
 
+def test_an_abort_the_scheduler_reaches_late_spares_requests_submitted_after_it(hf_dir):
+    """A weight update's pause aborts what was in flight, never the next rollout's requests. On a busy
+    machine the scheduler thread may run only after the pause, the update and continue_generation()
+    have all returned and new requests are queued (here: it cannot take the lock until then); the
+    pause used to stay pending and abort all of them, an empty rollout and a wasted step. A rid
+    abort is bounded the same way."""
+    eng = BuiltinEngine(hf_dir)
+    eng.generate([_req(eng, "1+1=", max_new_tokens=1)])  # the scheduler thread exists and is idle
+    with eng._cond:
+        eng.pause_generation()
+        eng.begin_weight_update()
+        eng.end_weight_update(1)
+        eng.continue_generation()
+        eng.abort_request("late-")
+        futures = [eng.submit(GenerateRequest(_ids(eng, p), SamplingParams(temperature=0, max_new_tokens=3), rid=f"late-{i}"))
+                   for i, p in enumerate(["1+1=", "2+3=", "4+4="])]  # fmt: skip
+    out = [f.result(timeout=60) for f in futures]
+    assert all(r.finish_type in ("stop", "length") for r in out), [r.finish_type for r in out]
+    assert all(r.weight_version == 1 and r.output_ids for r in out)
+
+
 def test_a_directory_without_a_model_is_a_user_error(tmp_path):
     from miles.errors import UserError
 

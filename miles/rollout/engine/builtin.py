@@ -75,9 +75,9 @@ _STOP_TAIL_SLACK = 4
 class _Row:
     """Per-request decoding state (one row of the running batch)."""
 
-    __slots__ = ("req", "out", "logprobs", "finish", "matched", "stop_ids", "future", "key", "abort")
+    __slots__ = ("req", "out", "logprobs", "finish", "matched", "stop_ids", "future", "key", "abort", "seq")
 
-    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int], future: Future, key: int):
+    def __init__(self, req: GenerateRequest, eos_ids: frozenset[int], future: Future, key: int, seq: int = 0):
         self.req = req
         self.out: list[int] = []
         self.logprobs: list[float] = []
@@ -87,6 +87,7 @@ class _Row:
         self.future = future
         self.key = key
         self.abort = False
+        self.seq = seq  # submission number: an abort reaches only requests submitted before it
 
 
 class _Batch:
@@ -213,8 +214,13 @@ class BuiltinEngine(RolloutEngine):
         self._running = 0  # rows in the scheduler's batch (it owns the batch itself)
         self._paused = False
         self._updating = False
-        self._abort_rids: set[str] = set()
-        self._abort_all = False
+        # Aborts are bounded by submission number, so one that the scheduler gets to late (a busy
+        # machine) cannot hit requests submitted after it: abort-all ends rows with seq < _abort_below,
+        # a rid abort the rows with that prefix and seq < its bound.
+        self._seq = 0
+        self._abort_below = 0
+        self._abort_rids: dict[str, int] = {}
+        self._abort_all = False  # an abort is waiting for the scheduler
         self._model_lock = threading.Lock()
         self._admit_min = max(1, max_batch_size // 8)
         self._thread: threading.Thread | None = None
@@ -235,7 +241,8 @@ class BuiltinEngine(RolloutEngine):
             key = _as_int64(sp.seed) if sp.seed is not None else int(
                 torch.randint(-(2**63), 2**63 - 1, (1,), generator=self._generator, dtype=torch.int64)
             )
-            row = _Row(req, self.eos_token_ids, future, key)
+            row = _Row(req, self.eos_token_ids, future, key, self._seq)
+            self._seq += 1
             if sp.max_new_tokens == 0:
                 row.finish = "length"
                 future.set_result(self._responses([row], self.weight_version)[0])
@@ -273,9 +280,10 @@ class BuiltinEngine(RolloutEngine):
         """Finish matching requests now with finish_reason "abort" (SGLang: rid prefix match)."""
         with self._cond:
             if abort_all:
+                self._abort_below = self._seq
                 self._abort_all = True
             elif rid:
-                self._abort_rids.add(rid)
+                self._abort_rids[rid] = self._seq
             self._cond.notify_all()
 
     def _ensure_thread(self) -> None:
@@ -288,19 +296,20 @@ class BuiltinEngine(RolloutEngine):
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._waiting or batch is not None or self._abort_all or self._abort_rids)
-                abort_all, rids = self._abort_all or self._paused, set(self._abort_rids)
+                abort_all, below, rids = self._abort_all, self._abort_below, dict(self._abort_rids)
                 self._abort_all = False
                 self._abort_rids.clear()
                 finished: list[_Row] = []
                 if abort_all or rids:
-                    kept = collections.deque()
-                    for row in self._waiting:
-                        if abort_all or _rid_matches(row, rids):
-                            row.finish = "abort"
-                            finished.append(row)
-                        else:
-                            kept.append(row)
-                    self._waiting = kept
+                    for queue in ("_waiting", "_held"):
+                        kept = []
+                        for row in getattr(self, queue):
+                            if _aborted(row, below, rids):
+                                row.finish = "abort"
+                                finished.append(row)
+                            else:
+                                kept.append(row)
+                        setattr(self, queue, collections.deque(kept) if queue == "_waiting" else kept)
                 live = sum(batch.live) if batch is not None else 0
                 free = self.max_batch_size - live
                 # Each admission costs a prefill forward and a KV-cache merge, so slots are refilled
@@ -311,7 +320,7 @@ class BuiltinEngine(RolloutEngine):
                 self._running = (len(batch) if batch is not None else 0) + len(admit)
             if batch is not None and (abort_all or rids):
                 for j, row in enumerate(batch.rows):
-                    if batch.live[j] and (abort_all or _rid_matches(row, rids)):
+                    if batch.live[j] and _aborted(row, below, rids):
                         row.finish = "abort"
                         batch.live[j] = False
                         finished.append(row)
@@ -493,6 +502,7 @@ class BuiltinEngine(RolloutEngine):
         requests submitted from now on are held until `continue_generation()`."""
         with self._cond:
             self._paused = True
+            self._abort_below = self._seq
             self._abort_all = True
             self._cond.notify_all()
             self._ensure_thread()
@@ -595,9 +605,12 @@ class BuiltinEngine(RolloutEngine):
         return weights_checksum(self.named_parameters())
 
 
-def _rid_matches(row: _Row, rids: set[str]) -> bool:
+def _aborted(row: _Row, below: int, rids: dict[str, int]) -> bool:
+    """Whether an abort submitted after this row reaches it: abort-all, or its rid prefix (SGLang matches by prefix)."""
+    if row.seq < below:
+        return True
     rid = row.req.rid
-    return rid is not None and any(rid.startswith(r) for r in rids)  # SGLang matches by prefix
+    return rid is not None and any(row.seq < bound and rid.startswith(prefix) for prefix, bound in rids.items())
 
 
 # SGLang sampling keys the built-in engine does not implement, with the value that means "off";

@@ -12,8 +12,12 @@ purpose. An engine that fails the probe (or whose process is gone):
 - with `--use-fault-tolerance`: is removed from the router, killed, and restarted (a new actor in
   the same placement bundle, a new port). The new engine does not serve until it has the current
   weights: it joins the next weight update and only then is added to the router. Requests that were
-  in flight on the dead engine fail at the router and are re-queued (sent again) by `submit`.
-  `restarts` counts restarts (`rollout/engine_restarts`).
+  in flight on the dead engine fail at the router and are re-queued by `submit`: before a failed
+  request is sent again, every serving engine is probed (`/health`; a killed process refuses at
+  once) and the dead one is taken out of the router, so the request goes to a live engine and is
+  sent again exactly once. `restarts` counts restarts (`rollout/engine_restarts`), `requeued` the
+  requests sent again (`rollout/requeued_requests`). The router's own retries are off (see
+  `router.py`): re-sending blind, it could pick the dead engine again and the count would be lost.
 - without it: the run stops with one sentence naming the engine (`RunStopped`), never a hang.
 
     fleet = EngineFleet(hf_dir, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
@@ -37,9 +41,12 @@ from miles.rollout.engine.base import GenerateRequest, GenerateResponse, Rollout
 from miles.rollout.engine.http_client import EngineHTTPError, HttpEngine
 
 ENGINE_START_TIMEOUT_S = 600.0
-# A request that failed because its engine died is sent again after this pause, until this deadline.
+# A request that failed while every engine answered its probe (the router had no engine for a moment)
+# is sent again after this pause, until this deadline.
 REQUEUE_DELAY_S = 0.5
 REQUEUE_DEADLINE_S = 600.0
+# How long the probe of the engines after a failed request waits for each engine's /health.
+PROBE_TIMEOUT_S = 10.0
 
 
 class EngineServerActor:
@@ -106,6 +113,10 @@ class EngineFleet(RolloutEngine):
         self._restarting: dict[int, threading.Thread] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * num_engines))
         self._pending: set[Future] = set()
+        self._session: list[tuple[_Slot, str]] = []  # (slot, its URL then): the engines of the update in progress
+        self._probe_lock = threading.Lock()
+        self._probed_at = float("-inf")  # when the last probe after a failed request started
+        self._died_at = float("-inf")  # when an engine was last found dead
         self.log_dir = Path(log_dir) if log_dir is not None else None
 
         for slot, ref in zip(self.slots, [self._spawn(slot) for slot in self.slots]):
@@ -169,16 +180,20 @@ class EngineFleet(RolloutEngine):
                     f"{message}; the run stops (add --use-fault-tolerance to restart dead engines, "
                     "and rerun with --load to resume from the last checkpoint)."
                 )
+                self._died_at = time.monotonic()
                 for f in list(self._pending):
                     if not f.done():
                         f.set_exception(RunStopped(self.fatal))
                 return
             self.restarts += 1
+            # Out of the router before anyone learns it is dead (under the lock, which _probe_engines
+            # takes too), so a request re-queued because of this death cannot be routed to it again.
+            try:
+                self.router.remove_worker(slot.url)
+            except Exception:  # noqa: BLE001 - a router that cannot reach the worker has dropped it already
+                pass
+            self._died_at = time.monotonic()
         print(f"[miles] {message}; restarting it (restart {self.restarts})", flush=True)
-        try:
-            self.router.remove_worker(slot.url)
-        except Exception:  # noqa: BLE001 - a router that cannot reach the worker has dropped it already
-            pass
         try:
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
@@ -237,16 +252,47 @@ class EngineFleet(RolloutEngine):
                 outer.set_result(f.result())
             elif self.fatal:
                 outer.set_exception(RunStopped(self.fatal))
-            elif isinstance(exc, EngineHTTPError) and (exc.status is None or exc.status >= 500) and time.monotonic() < deadline:
-                # The engine died under it (or the router had no engine for a moment): send it again.
-                # Without fault tolerance the monitor turns a dead engine into a stop within one interval.
-                self.requeued += 1
-                threading.Timer(REQUEUE_DELAY_S, attempt).start()
+            elif isinstance(exc, EngineHTTPError) and (exc.status is None or exc.status >= 500):
+                if time.monotonic() >= deadline:
+                    outer.set_exception(EngineHTTPError(
+                        f"request {request.rid or ''} still failed after being re-sent for {REQUEUE_DEADLINE_S:.0f} s "
+                        f"(no rollout engine answered it): {exc}", status=exc.status))  # fmt: skip
+                    return
+                # The engine died under it (or the router had no engine for a moment): find the dead
+                # engine, then send it again. Not on this thread: it is the HTTP client's event loop.
+                self._pool.submit(requeue, time.monotonic())
             else:
                 outer.set_exception(exc)
 
+        def requeue(failed_at: float) -> None:
+            found_dead = self._probe_engines(failed_at)
+            with self._lock:
+                self.requeued += 1
+            if self.fatal:  # without fault tolerance the probe has just stopped the run
+                outer.set_exception(RunStopped(self.fatal))
+            elif found_dead:
+                attempt()
+            else:
+                threading.Timer(REQUEUE_DELAY_S, attempt).start()
+
         attempt()
         return outer
+
+    def _probe_engines(self, failed_at: float) -> bool:
+        """After a request failed at `failed_at`: probe every serving engine's `/health` and hand the
+        ones that do not answer to `_engine_failed` (out of the router; restart or stop). One probe
+        serves every request that failed before it started. True when an engine was found dead since
+        the request failed (by this probe or the monitor), so sending it again reaches a live one."""
+        with self._probe_lock:
+            if self._probed_at < failed_at:
+                self._probed_at = time.monotonic()
+                for slot in self._serving():
+                    try:
+                        slot.client.call("/health", method="GET", timeout=min(PROBE_TIMEOUT_S, self.ft.rollout_health_check_timeout))
+                    except EngineHTTPError as e:
+                        self._engine_failed(slot, str(e))
+        with self._lock:  # a death being handled elsewhere (the monitor) finishes its router removal first
+            return self._died_at >= failed_at or self.fatal is not None
 
     def _each(self, fn_name: str, *args, slots: list[_Slot] | None = None) -> None:
         slots = self._serving() if slots is None else slots
@@ -256,6 +302,8 @@ class EngineFleet(RolloutEngine):
             try:
                 f.result()
             except EngineHTTPError as e:
+                if slot.state == "new":  # a restarted engine that fails before serving is dead like any other
+                    slot.state = "serving"
                 self._engine_failed(slot, str(e))
         if self.fatal:
             raise RunStopped(self.fatal)
@@ -279,32 +327,39 @@ class EngineFleet(RolloutEngine):
         self._each("resume_memory_occupation")
 
     # ------------------------------------------------------------------ weights
+    def _in_session(self) -> list[_Slot]:
+        """The engines of the update in progress (those that opened it) that are still alive; a slot
+        restarted meanwhile has a new URL and is not one of them."""
+        return [s for s, url in self._session if s.url == url and s.state in ("serving", "new")]
+
     def weight_targets(self) -> list[str]:
-        """URLs of the engines the next update goes to: serving ones and restarted ones (state "new")."""
-        return [s.url for s in self.slots if s.state in ("serving", "new")]
+        """URLs of the engines the update in progress goes to: the serving ones and the restarted ones
+        (state "new") that were ready when it began."""
+        return [s.url for s in self._in_session()]
 
     def begin_weight_update(self) -> None:
-        """Upstream's order: (restarted engines ready) → pause → flush → begin, on every engine."""
+        """Upstream's order: (restarted engines ready) → pause → flush → begin, on every engine.
+        An engine restarted while this update runs is not part of it: it waits for the next one."""
         for index, t in list(self._restarting.items()):
             t.join(ENGINE_START_TIMEOUT_S)
             self._restarting.pop(index, None)
         if self.fatal:
             raise RunStopped(self.fatal)
         self._updating = True
-        targets = [s for s in self.slots if s.state in ("serving", "new")]
-        self._each("pause_generation", slots=targets)
-        self._each("flush_cache", slots=targets)
-        self._each("begin_weight_update", slots=targets)
+        self._session = [(s, s.url) for s in self.slots if s.state in ("serving", "new")]
+        self._each("pause_generation", slots=self._in_session())
+        self._each("flush_cache", slots=self._in_session())
+        self._each("begin_weight_update", slots=self._in_session())
 
     def update_weights_from_tensors(self, named_tensors, *, flush: bool = True) -> None:
         raise NotImplementedError("engine servers take weights from the trainer's source rank (weight_transport)")
 
     def end_weight_update(self, version: int) -> None:
-        """Version + end + continue on every engine; restarted engines now have current weights and join the router."""
-        targets = [s for s in self.slots if s.state in ("serving", "new")]
-        self._each("end_weight_update", version, slots=targets)
-        self._each("continue_generation", slots=targets)
-        for slot in targets:
+        """Version + end + continue on every engine of this update; restarted engines that took part
+        now have the current weights and join the router."""
+        self._each("end_weight_update", version, slots=self._in_session())
+        self._each("continue_generation", slots=self._in_session())
+        for slot in self._in_session():
             if slot.state == "new":
                 self.router.add_worker(slot.url)
                 slot.state = "serving"

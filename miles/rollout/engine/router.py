@@ -1,9 +1,10 @@
 """Launch and drive the real `sglang-router` (the pinned Rust wheel 0.3.2; it runs on a CPU).
 
 The router takes `/generate` and spreads it over its workers by `--sglang-router-policy`; it forwards
-nothing else (pause, abort and weight updates go to each engine directly). It binds 127.0.0.1, and
-its Prometheus exporter is pinned to 127.0.0.1 on a free port (its default 0.0.0.0:29000 makes a
-second router on the host panic).
+nothing else (pause, abort and weight updates go to each engine directly). Its retries are off: a
+request that failed goes back to `EngineFleet`, which re-queues it once the dead engine is out. It
+binds 127.0.0.1, and its Prometheus exporter is pinned to 127.0.0.1 on a free port (its default
+0.0.0.0:29000 makes a second router on the host panic).
 
     router = Router.launch(["http://127.0.0.1:31001", "http://127.0.0.1:31002"], policy="round_robin")
     router.url            # POST {router.url}/generate
@@ -70,6 +71,10 @@ class Router:
             "--health-check-endpoint", "/health",
             "--health-check-interval-secs", str(int(max(1, health_check_interval_s))),
             "--request-timeout-secs", "14400",
+            # A request whose engine died comes back to the fleet, which takes the dead engine out of
+            # the router first and then sends it again, once, and counts it (EngineFleet.submit); the
+            # router's own retries would re-send blindly, possibly to the same dead engine, unseen.
+            "--disable-retries",
         ]
         log_path = None
         out = subprocess.DEVNULL
