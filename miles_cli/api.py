@@ -155,7 +155,9 @@ def _parser(command: Command, recipe_name: str) -> Any:
     from miles_cli.help import MilesCommand
 
     app.command(command, cls=MilesCommand, context_settings={"allow_extra_args": True})(build_run_command(command, get_recipe(recipe_name)))
-    return typer.main.get_command(app)
+    from miles_cli import coerce
+
+    return coerce.install(typer.main.get_command(app))
 
 
 def resolve_invocation(

@@ -10,10 +10,11 @@ from typing import Any
 
 from miles.config.convert import ConvertOptions
 from miles.config.engine import specs_of
+from miles_cli import summaries
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.params import make_parameter, with_signature
 
-SUMMARY = "Convert checkpoints between Hugging Face safetensors and megatron-core torch_dist."
+SUMMARY = summaries.CONVERT
 
 
 def build_convert_command():

@@ -23,9 +23,10 @@ import typer
 
 from miles.config.docs_options import DocsCheckOptions, DocsGenerateOptions
 from miles.errors import UserError
+from miles_cli import summaries
 from miles_cli.params import PARAMETER_DOCS
 
-SUMMARY = "Generate the reference pages (generate) or check every page against the code (check)."
+SUMMARY = summaries.DOCS
 # Commands whose real run starts work (training, a build): the docs checks append --dry-run to them.
 STARTS_WORK = {"full-train", "train", "eval", "docker-build"}
 

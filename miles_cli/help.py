@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import sys
 import textwrap
@@ -30,29 +31,35 @@ import inspect
 
 import typer
 import typer.core
-from rich.console import Console
 from typer import _click as click  # typer vendors its own click; the real one's classes do not mix with it
 from typer._click.exceptions import BadParameter, ClickException, MissingParameter, NoSuchOption
-from rich.markup import escape
 
-from miles.docs.model import FlagDoc
 from miles.errors import UserError
-from miles_cli.options import RUN_PANEL, help_line, metavar
-from miles_cli.params import PARAMETER_DOCS
-from recipes.base import ENV_PREFIX
+from miles_cli.lazy import LazyCommands, Pending
 
-BRIEF_PANELS = ("Recipe", RUN_PANEL, "Data", "Optimizer", "Checkpoint")
+# miles_cli.options/params (the engine's declarations) and recipes are imported where a command's
+# help or parser needs them, not here: `miles --help` imports this module and only lists commands.
+BRIEF_PANELS = ("Recipe", "Run", "Data", "Optimizer", "Checkpoint")  # "Run" is miles_cli.options.RUN_PANEL
 """The panels `miles train --help` shows; the others are listed by name with their option count."""
 BRIEF_EXTRA = "__miles_brief_extra__"
 """Attribute of a command's callback: panels its short help also shows for this invocation (the SGLang
 panels under --rollout-backend sglang)."""
 SGLANG_PANELS = ("SGLang launch", "SGLang server", "SGLang router")
 
-_stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@functools.cache
+def _stderr() -> Any:
+    # rich's console costs as much to import as typer itself; help never needs it, errors do.
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_error(message: str) -> None:
-    _stderr.print(f"[bold red]Error:[/bold red] {escape(message)}")
+    from rich.markup import escape
+
+    _stderr().print(f"[bold red]Error:[/bold red] {escape(message)}")
 
 
 def panel_slug(panel: str) -> str:
@@ -81,11 +88,25 @@ def expand_list_values(tokens: list[str], list_flags: Iterable[str]) -> list[str
 
 
 def _docs_of(command: click.Command) -> dict[str, Any]:
+    from miles_cli.params import PARAMETER_DOCS
+
     return getattr(command.callback, PARAMETER_DOCS, {}) or {}
+
+
+def _plain_help_option(option: Any) -> Any:
+    """Click makes `--help` when asked; coerce it without pydantic like every other option (coerce.py)."""
+    if option is not None:
+        from miles_cli.coerce import install_params
+
+        install_params([option])
+    return option
 
 
 class MilesCommand(typer.core.TyperCommand):
     """A command whose help is rendered from the option declarations and never truncated."""
+
+    def get_help_option(self, ctx: click.Context) -> Any:
+        return _plain_help_option(super().get_help_option(ctx))
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         list_flags = [o for p in self.params if getattr(p, "multiple", False) for o in p.opts]
@@ -102,6 +123,9 @@ class MilesCommand(typer.core.TyperCommand):
         return pieces
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from miles_cli.options import help_line, metavar
+        from recipes.base import ENV_PREFIX
+
         docs = _docs_of(self)
         group = ctx.meta.get("miles_help_group")
         panels: dict[str, list[tuple[str, str]]] = {}
@@ -173,6 +197,8 @@ def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]
     slugs = [panel_slug(p) for p in panels]
     from typing import Annotated, Literal, Optional
 
+    from miles.docs.model import FlagDoc
+
     all_help = "Show every option and exit."
     group_help = "Show the options of one group and exit."
     docs = [
@@ -227,7 +253,54 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]], col_max: int = 32) -
 
 
 class MilesGroup(typer.core.TyperGroup):
-    """The `miles` group: plain help, and every usage error in the one `Error: ...` style, exit 2."""
+    """The `miles` group: plain help, every usage error in the one `Error: ...` style (exit 2), and
+    subcommands built only when invoked, completed or documented (miles_cli/lazy.py)."""
+
+    pending: dict[str, Pending] = {}
+    """Commands to build on first use, in listing order; `with_pending` makes a group class that has them."""
+
+    @classmethod
+    def with_pending(cls, pending: dict[str, Pending]) -> type["MilesGroup"]:
+        # Typer takes the group's class, not an instance, so the pending commands travel on a subclass.
+        return type(cls.__name__, (cls,), {"pending": dict(pending)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        commands = LazyCommands(self.pending)
+        commands.update(self.commands)
+        self.commands = commands
+
+    def get_help_option(self, ctx: click.Context) -> Any:
+        return _plain_help_option(super().get_help_option(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from miles_cli.coerce import install_params
+
+        install_params(self.params)  # Typer appends --install-completion/--show-completion after __init__
+        return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # Typer's reads every value, which would build every command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Typer's listing, from the summaries: listing builds no command.
+        commands = [(name, self.commands.summary_of(name)) for name in self.list_commands(ctx)]
+        commands = [(name, cmd) for name, cmd in commands if not cmd.hidden]
+        if commands:
+            limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in commands])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        from typer._click.shell_completion import CompletionItem
+
+        results = [
+            CompletionItem(name, help=cmd.get_short_help_str())
+            for name in self.list_commands(ctx)
+            if name.startswith(incomplete) and not (cmd := self.commands.summary_of(name)).hidden
+        ]
+        results.extend(click.core.Command.shell_complete(self, ctx, incomplete))
+        return results
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True, **extra: Any) -> Any:
         try:
@@ -243,7 +316,7 @@ class MilesGroup(typer.core.TyperGroup):
                 sys.exit(e.exit_code)
             raise
         except typer.Abort:
-            _stderr.print("Aborted.")
+            _stderr().print("Aborted.")
             if standalone_mode:
                 sys.exit(1)
             raise

@@ -4,31 +4,29 @@
     miles full-train                         # the embedded default: tiny-qwen3 on a CPU
     miles train --model-name tiny-qwen3 --help
 
-`--model-name` (or MILES_SCRIPT_MODEL_NAME) is read before the app is built, so the options and
-defaults shown by `--help` are those of that recipe, and the run command being invoked is built for
-the rest of the arguments too (help shows this invocation's values). Usage errors of every kind
-leave as one `Error: ...` line with exit code 2 (miles_cli/help.py). Shell completion:
-`miles --install-completion`. Importing this module, and `miles --help`, must not import torch, ray
-or transformers: commands import their heavy work when they run.
+Each command is built only when it is invoked, completed or documented (miles_cli/lazy.py):
+`miles --help` lists them from miles_cli/summaries.py and imports none of them. A run command is
+built for the recipe that `--model-name` (or MILES_SCRIPT_MODEL_NAME) names, and for the rest of
+the arguments too, so its `--help` shows this invocation's options, defaults and values. Usage
+errors of every kind leave as one `Error: ...` line with exit code 2 (miles_cli/help.py). Shell
+completion: `miles --install-completion`. Importing this module, and `miles --help`, must not import
+torch, ray or transformers (nor the engine's configuration): commands import their work when they run.
+Where the time of `miles --help` goes: `python -X importtime -m miles_cli.main --help`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from typing import Any
 
 import typer
 
-from miles.config.sglang import check_removed_flags
 from miles.errors import UserError
-from miles_cli.convert import SUMMARY as CONVERT_SUMMARY
-from miles_cli.convert import build_convert_command
-from miles_cli.docker_build import build_docker_build_command
-from miles_cli.docs_cmd import docs_app
+from miles_cli import summaries
 from miles_cli.help import MilesCommand, MilesGroup, print_error
-from miles_cli.run_commands import SUMMARIES, build_run_command
-from recipes import DEFAULT_RECIPE, get_recipe
-from recipes.base import ENV_PREFIX
+from miles_cli.lazy import Pending, typer_command, typer_group
 
 APP_HELP = (
     "Miles: reinforcement-learning post-training for large language models. "
@@ -38,6 +36,9 @@ APP_HELP = (
 
 def recipe_name_from(argv: list[str]) -> str:
     """The value of --model-name in argv (last wins), else MILES_SCRIPT_MODEL_NAME, else the default recipe."""
+    from recipes import DEFAULT_RECIPE
+    from recipes.base import ENV_PREFIX
+
     name = None
     for i, token in enumerate(argv):
         if token == "--":
@@ -59,32 +60,75 @@ def _command_args(argv: list[str], command: str) -> list[str] | None:
     return None
 
 
-def build_app(argv: list[str]) -> typer.Typer:
+def _convert() -> Any:
+    from miles_cli.convert import build_convert_command
+
+    return typer_command("convert", build_convert_command(), cls=MilesCommand, help=summaries.CONVERT, short_help=summaries.CONVERT)
+
+
+def _run(command: str, argv: list[str]) -> Any:
+    from miles_cli.run_commands import build_run_command
+    from recipes import get_recipe
+
     recipe = get_recipe(recipe_name_from(argv))
-    app = typer.Typer(
+    return typer_command(
+        command,
+        build_run_command(command, recipe, _command_args(argv, command)),  # type: ignore[arg-type]
+        cls=MilesCommand,
+        help=summaries.RUN[command],
+        short_help=summaries.RUN[command],
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+    )
+
+
+def _docker_build() -> Any:
+    from miles_cli.docker_build import build_docker_build_command
+
+    return typer_command(
+        "docker-build", build_docker_build_command(), cls=MilesCommand, help=summaries.DOCKER_BUILD, short_help=summaries.DOCKER_BUILD_SHORT
+    )
+
+
+def _docs() -> Any:
+    from miles_cli.docs_cmd import docs_app
+
+    return typer_group("docs", docs_app)
+
+
+def _root() -> None:
+    pass  # the group itself does nothing; a callback lets Typer make a group of no registered commands
+
+
+def build_app(argv: list[str]) -> typer.Typer:
+    """The `miles` app for this argv. Each command is built when first used (miles_cli/lazy.py); a run
+    command is built for the recipe `--model-name` names and shows this invocation's values."""
+    pending = {
+        "convert": Pending(summaries.CONVERT, _convert),
+        **{c: Pending(summaries.RUN[c], functools.partial(_run, c, argv)) for c in ("full-train", "train", "eval")},
+        "docker-build": Pending(summaries.DOCKER_BUILD_SHORT, _docker_build),
+        "docs": Pending(summaries.DOCS, _docs),
+    }
+    return typer.Typer(
         name="miles",
         help=APP_HELP,
-        cls=MilesGroup,
+        cls=MilesGroup.with_pending(pending),
+        callback=_root,
         no_args_is_help=True,
         add_completion=True,
         rich_markup_mode=None,
         pretty_exceptions_show_locals=False,
         context_settings={"max_content_width": 10_000},  # help uses the terminal's width (COLUMNS)
     )
-    run_settings = {"allow_extra_args": True, "ignore_unknown_options": False}
-    app.command("convert", cls=MilesCommand, help=CONVERT_SUMMARY, short_help=CONVERT_SUMMARY)(build_convert_command())
-    for command in ("full-train", "train", "eval"):
-        app.command(command, cls=MilesCommand, help=SUMMARIES[command], short_help=SUMMARIES[command], context_settings=run_settings)(
-            build_run_command(command, recipe, _command_args(argv, command))
-        )
-    app.command(
-        "docker-build",
-        cls=MilesCommand,
-        help="Build (or --dry-run print) the Docker image of one hardware variant.",
-        short_help="Build the Docker image of one hardware variant (cu13, cu12-x86, rocm700-mi35x, ...).",
-    )(build_docker_build_command())
-    app.add_typer(docs_app, name="docs")
-    return app
+
+
+def check_removed_flags(argv: list[str]) -> None:
+    """SGLang's removed flags and upstream's `--router-*` spellings exit 2 naming the flag to write."""
+    # miles.config.sglang builds its dataclasses from the SGLang snapshot: import it only when a
+    # token could be one of those flags (every one starts --sglang-/--router-, or their --no- forms).
+    if any(t.lstrip("-").removeprefix("no-").startswith(("sglang-", "router-")) for t in argv if t.startswith("--")):
+        from miles.config.sglang import check_removed_flags as check
+
+        check(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

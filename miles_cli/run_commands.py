@@ -34,18 +34,29 @@ from miles_cli.api import (
     resolve_invocation,
 )
 from miles.docs.model import FlagDoc
+from miles_cli import summaries
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.help import BRIEF_EXTRA, SGLANG_PANELS, help_parameters
 from miles_cli.options import NO_VALUE, flag_doc, run_control_specs
 from miles_cli.params import commandline_values, make_parameter, with_signature
 from recipes.base import ENV_PREFIX
 
-SUMMARIES: dict[Command, str] = {
-    "full-train": "Prepare (create or convert checkpoints, data, warm start) and train, skipping completed steps.",
-    "train": "Train from prepared checkpoints and data (RL loop with eval and checkpoints).",
-    "eval": "Evaluate a model or checkpoint on the eval datasets.",
-}
+SUMMARIES: dict[Command, str] = summaries.RUN  # type: ignore[assignment]
 FLAG_HINTS = "__miles_flag_hints__"
+
+
+def _beyond_help(args: list[str]) -> list[str]:
+    """`args` without the help options: when nothing is left, help shows the recipe's own values
+    (and MILES_SCRIPT_* ones) and the parse below, which builds a second command, is not needed."""
+    out, skip = [], False
+    for token in args:
+        if skip:
+            skip = False
+        elif token == "--help-group":
+            skip = True
+        elif token not in ("--help", "--help-all") and not token.startswith("--help-group="):
+            out.append(token)
+    return out
 
 
 def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | None) -> Invocation | None:
@@ -57,7 +68,7 @@ def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | N
     options_given: dict[str, Any] = {}
     engine_given: dict[str, Any] = {}
     passthrough: list[str] = []
-    if args:
+    if _beyond_help(args or []):
         parser = _parser(command, recipe.NAME)
         try:
             ctx = parser.make_context(f"miles {command}", list(args), resilient_parsing=True)

@@ -191,6 +191,13 @@ def describe_type(annotation: Any) -> tuple[str, type, tuple[Any, ...] | None, b
 
 
 def specs_of(cls: type, group: str, panel: str) -> list[OptionSpec]:
+    return list(_specs_of(cls, group, panel))
+
+
+@functools.cache
+def _specs_of(cls: type, group: str, panel: str) -> tuple[OptionSpec, ...]:
+    # Cached: `get_type_hints` compiles every string annotation again on each call, and building one
+    # command's help asks for the same recipe's specs hundreds of times (seconds on a loaded machine).
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -198,7 +205,7 @@ def specs_of(cls: type, group: str, panel: str) -> list[OptionSpec]:
             continue
         kind, base, choices, optional = describe_type(hints[f.name])
         out.append(OptionSpec(f.name, group, panel, f, kind, base, choices, optional))
-    return out
+    return tuple(out)
 
 
 @functools.cache

@@ -152,6 +152,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     from miles.ray.rollout_manager import RolloutManager, pick_device
     from miles.ray.train_group import TrainWorker
     from miles.tracking import Tracker
+    from miles.tracking.tracker import import_sinks_in_background
     from rich import get_console
 
     from miles.tracking.console import print_step_summary, progress
@@ -178,26 +179,37 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 option="--colocate",
             )
 
+    # MLflow's imports take seconds: overlap them with Ray's start and the actors' (the Tracker is built after).
+    import_sinks_in_background(cfg.tracking)
     with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
         if cfg.cluster.rollout_num_gpus:  # engine servers in their own bundles; the manager only coordinates
             engine_options = [{**options, **bundle_of(("engine", i))} for i in range(num_engines)]
             manager = remote_object(RolloutManager, cfg, engine_actor_options=engine_options, log_dir=str(run_dir), actor_options={"num_cpus": 0})
         else:
             manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
-        wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         d = cfg.data
+
+        def start_workers() -> list:
+            workers = [
+                remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
+                for r in range(world)
+            ]
+            wait([w.ready_ref for w in workers], "the training workers to start", ACTOR_START_TIMEOUT_S)
+            # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
+            master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
+            wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+            return workers
+
+        # The trainers need nothing from the manager unless --num-epoch leaves the step count to the
+        # dataset's size; otherwise they start and load the model while the manager loads the engine
+        # and the datasets (side by side, instead of one after the other).
+        workers = start_workers() if d.num_rollout is not None else []
+        wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
             d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
-        workers = [
-            remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
-            for r in range(world)
-        ]
-        wait([w.ready_ref for w in workers], "the training workers to start", ACTOR_START_TIMEOUT_S)
-        # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
-        master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
-        wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+            workers = start_workers()
 
         start, resumed_from = 0, None
         if cfg.ckpt.load:
@@ -218,7 +230,10 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         status = "FAILED"
         first_eval: dict[str, float] = {}
         last_eval: dict[str, float] = {}
-        c = cfg.cluster
+        # On CPU the weights already live in host memory: offload/onload calls would be Ray round trips
+        # (four a step) that do nothing, so they are not made (the options say "no effect on CPU").
+        c = dataclasses.replace(cfg.cluster, offload_train=cfg.cluster.offload_train and device != "cpu",
+                                offload_rollout=cfg.cluster.offload_rollout and device != "cpu")
         try:
             _update_weights(cfg, workers, manager, version=start)
             if c.offload_train:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +44,32 @@ log = logging.getLogger(__name__)
 Status = Literal["FINISHED", "FAILED", "KILLED"]
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 RESERVED_KEYS = ("step", "time")  # the JSONL record's own fields
+
+
+def import_sinks_in_background(cfg: TrackingConfig) -> threading.Thread | None:
+    """Start importing the packages of the sinks `cfg` enables (MLflow alone is seconds of imports)
+    on a thread, so a caller that builds the `Tracker` later (the driver, after Ray and its actors
+    start) finds them imported. Creates nothing: no store, no file, no run. An import that fails
+    here is left to fail again, with its message, where the `Tracker` imports it. Not a daemon: a
+    run that ends early waits the seconds the imports take rather than exit in the middle of one."""
+    modules = [name for name, on in (("miles.tracking.mlflow_sink", cfg.use_mlflow), ("mlflow.tracking", cfg.use_mlflow),
+                                      ("mlflow.store.tracking.sqlalchemy_store", cfg.use_mlflow),
+                                      ("miles.tracking.tensorboard_sink", cfg.use_tensorboard)) if on]
+    if not modules:
+        return None
+
+    def run() -> None:
+        import importlib
+
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - reported by the Tracker's own import
+                return
+
+    thread = threading.Thread(target=run, name="miles-import-tracking-sinks", daemon=False)
+    thread.start()
+    return thread
 
 
 class Sink(Protocol):
