@@ -144,6 +144,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(work, warm_start):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # above the run's own 1200 s limit (the suite's default is 900 s)
 def test_default_full_train_learns(work):
     r = run(["full-train", *dirs(work, "default")], work, timeout=1200)
     logged = rows(work / "runs/default")
