@@ -246,6 +246,15 @@ def check(cfg: Any) -> None:
             "--rollout-backend sglang or drop the flag.",
             option=flag,
         )
+    r = cfg.rollout
+    if r.rollout_backend != "sglang" and r.sglang_server_concurrency != 512:
+        raise UserError(
+            "--sglang-server-concurrency limits requests per SGLang server, which run only with --rollout-backend sglang; "
+            "add --rollout-backend sglang or drop the flag.",
+            option="--sglang-server-concurrency",
+        )
+    if r.sglang_server_concurrency < 1:
+        raise UserError("--sglang-server-concurrency must be at least 1.", option="--sglang-server-concurrency")
     for name, value in server.items():
         entry = server_entry(name)
         if entry["kind"] == "bool" and value is False:

@@ -163,7 +163,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     # Colocated actors take turns on the same devices: each asks for half a device (and half a CPU) so
     # Ray places a trainer and the engine together; separate placement gives each a whole device.
     share = 0.5 if cfg.cluster.colocate else 1.0
-    num_engines = cfg.cluster.rollout_num_gpus or 1  # engine servers (--rollout-num-gpus), or the in-process one
+    num_engines = rollout_bundles(cfg)  # engine servers' devices (--rollout-num-gpus), or the in-process engine
     num_cpus = max(os.cpu_count() or 1, world + num_engines)
     options: dict[str, Any] = {"num_cpus": share}
     if device == "cuda":
@@ -179,8 +179,9 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             )
 
     with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
-        if cfg.cluster.rollout_num_gpus:  # engine servers in their own bundles; the manager only coordinates
-            engine_options = [{**options, **bundle_of(("engine", i))} for i in range(num_engines)]
+        if cfg.cluster.rollout_num_gpus or cfg.rollout.rollout_backend == "sglang":
+            # Engine servers in their own bundles; the manager only coordinates.
+            engine_options = _engine_actor_options(cfg, options, bundle_of, device)
             manager = remote_object(RolloutManager, cfg, engine_actor_options=engine_options, log_dir=str(run_dir), actor_options={"num_cpus": 0})
         else:
             manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
@@ -288,6 +289,51 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
 
 
+def rollout_bundles(cfg: EngineConfig) -> int:
+    """Placement bundles (devices) of the rollout engines: --rollout-num-gpus for engine servers (SGLang:
+    its engines × --rollout-num-gpus-per-engine), 1 for the in-process engine."""
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.launch import engine_layout
+
+        layout = engine_layout(cfg)
+        return layout.num_engines * layout.gpus_per_engine
+    return cfg.cluster.rollout_num_gpus or 1
+
+
+def _engine_actor_options(cfg: EngineConfig, options: dict[str, Any], bundle_of, device: str) -> list[dict[str, Any]]:
+    """Ray options of each engine server's actor: the bundle of its first device. An SGLang engine of
+    N GPUs also gets "gpu_bundles" (its N bundles), whose GPU ids become its CUDA_VISIBLE_DEVICES.
+
+    Colocated, engine i shares training bundle i % world: on a CPU, more engines than training workers
+    split their half of the bundle (a "GPU" is a process there); on GPUs that is a user error."""
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.launch import engine_layout
+
+        layout = engine_layout(cfg)
+        g, n = layout.gpus_per_engine, layout.num_engines
+    else:
+        g, n = 1, rollout_bundles(cfg)
+    world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
+    if cfg.cluster.colocate and n * g > world:
+        if device == "cuda":
+            raise UserError(
+                f"--colocate shares the {world} training GPUs with the rollout engines, and --rollout-num-gpus asks for "
+                f"{n * g}; lower --rollout-num-gpus to at most {world} or drop --colocate.",
+                option="--rollout-num-gpus",
+            )
+        sharing = -(-n // world)  # engines per training bundle
+        options = {**options, "num_cpus": options.get("num_cpus", 1.0) / sharing}
+    if cfg.rollout.rollout_backend != "sglang":
+        return [{**options, **bundle_of(("engine", i))} for i in range(n)]
+    out = []
+    for e in range(n):
+        opts = {**options, **bundle_of(("engine", e * g))}
+        if device == "cuda":
+            opts["gpu_bundles"] = [bundle_of(("engine", e * g + k)) for k in range(g)]
+        out.append(opts)
+    return out
+
+
 @contextlib.contextmanager
 def placement(cfg: EngineConfig, world: int, device: str):
     """One PACK placement group: a bundle per training rank, plus one per engine unless colocated
@@ -298,7 +344,7 @@ def placement(cfg: EngineConfig, world: int, device: str):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     unit = {"CPU": 1.0, **({"GPU": 1.0} if device == "cuda" else {})}
-    engines = cfg.cluster.rollout_num_gpus or 1
+    engines = rollout_bundles(cfg)
     n = world if cfg.cluster.colocate else world + engines
     group = ray.util.placement_group([dict(unit) for _ in range(n)], strategy="PACK")
     wait(group.ready(), f"a placement group of {n} bundles of {unit}", ACTOR_START_TIMEOUT_S)

@@ -96,7 +96,6 @@ def test_a_rule_that_lies_is_caught():
         ({"train_backend": "megatron", "tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
         ({"train_backend": "megatron", "device": "cpu", "fp8_format": "e4m3"}, "--fp8-format"),
         ({"tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
-        ({"rollout_backend": "sglang"}, "--rollout-backend"),
         ({"sglang_ep_size": 2}, "--sglang-ep-size"),  # an SGLang option without --rollout-backend sglang
         ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
         ({"use_fault_tolerance": True}, "--use-fault-tolerance"),  # no engine servers to restart

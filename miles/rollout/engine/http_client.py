@@ -141,4 +141,13 @@ class HttpEngine(RolloutEngine):
         self.call("/health_generate", method="GET", timeout=timeout)
 
     def get_weights_checksum(self) -> str:
-        return self.call("/weights_checker", {"action": "checksum"})["checksum"]
+        data = self.call("/weights_checker", {"action": "checksum"})
+        if "checksum" not in data:  # SGLang answers its own per-rank checksums of its own parameter layout
+            from miles.errors import UserError
+
+            raise UserError(
+                f"--check-weight-update-equal compares sha256 sums of Hugging Face-named weights, and the server at "
+                f"{self.url} answers /weights_checker with its own checksum format; drop --check-weight-update-equal.",
+                option="--check-weight-update-equal",
+            )
+        return data["checksum"]
