@@ -220,7 +220,7 @@ def removed_flag_error(flag: str) -> UserError | None:
     # Upstream miles spells router options --router-<name>; here they are --sglang-router-<name>.
     if name.startswith("--router-"):
         field = name[len("--router-"):].replace("-", "_")
-        if field in _by_name(router_fields()) and field not in ROUTER_SET_BY_MILES:
+        if field in _by_name(router_fields()) and (field not in ROUTER_SET_BY_MILES or field == "policy"):
             return UserError(f"No such option {name}; did you mean --sglang-router-{name[len('--router-'):]}?", option=name)
     return None
 

@@ -73,7 +73,7 @@ def test_deepseek_v4_trains_deterministically_by_default(tmp_path):
     assert plan.env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "120"
     off = module.plan(module.Options(train_deterministic=False))
     assert module.Options(train_deterministic=False).engine_values()["deterministic_mode"] is False and "NCCL_ALGO" not in off.env
-    r = dry_run(tmp_path, "train", "--model-name", "deepseek-v4-flash-fp8", "--no-train-deterministic")
+    r = dry_run(tmp_path, "full-train", "--model-name", "deepseek-v4-flash-fp8", "--no-train-deterministic")  # train would check the model is there
     assert r.returncode == 0 and "NCCL_ALGO" not in r.stdout
     assert re.search(r"│ --train-deterministic\s+│ false", r.stdout), r.stdout
 

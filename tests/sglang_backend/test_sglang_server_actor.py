@@ -50,7 +50,8 @@ def post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_engine_actor_starts_the_built_in_server_from_sglang_argv_and_stops_it(model, tmp_path):
+def test_engine_actor_starts_the_built_in_server_from_sglang_argv_and_stops_it(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what Ray or the machine may have set
     actor = SGLangServerActor(config(model, rollout_seed=5), index=1, seed=1006, log_dir=str(tmp_path))
     try:
         assert actor.argv[:4] == [sys.executable, "-m", "miles.rollout.engine.server", "--model-path"]
@@ -68,14 +69,14 @@ def test_engine_actor_starts_the_built_in_server_from_sglang_argv_and_stops_it(m
 
 
 def test_engine_actor_fails_fast_naming_the_engine_when_its_server_exits(model, tmp_path):
-    cfg = config(model, sglang_server_command=f"{sys.executable} -c 'import sys; print(\"bad flag\"); sys.exit(3)'")
+    cfg = config(model, sglang_server_command=f"{sys.executable} -c 'import sys; print(\"bad\" + \"-flag-\" + \"said\"); sys.exit(3)'")
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as e:
         SGLangServerActor(cfg, index=0, seed=0, log_dir=str(tmp_path))
     assert time.monotonic() - t0 < 30
     message = str(e.value)
     assert "SGLang engine 0" in message and "exited with code 3" in message and "sglang-engine-0.log" in message
-    assert "bad flag" in message  # the log's tail comes with the error
+    assert "bad-flag-said" in message  # the log's tail comes with the error (the command line alone does not say it)
 
 
 def test_engine_actor_times_out_naming_what_it_waited_for(model, tmp_path):

@@ -96,7 +96,8 @@ class HttpEngine(RolloutEngine):
             raise EngineHTTPError(f"{url} failed: {type(e).__name__}: {e}") from e
         if r.status_code != 200:
             raise EngineHTTPError(f"{url} answered HTTP {r.status_code}: {r.text[:300]}", status=r.status_code)
-        data = r.json() if r.content else None
+        # SGLang answers some control calls with plain text (/flush_cache) or an empty body (/abort_request).
+        data = r.json() if r.content and "json" in r.headers.get("content-type", "") else (r.text or None)
         if isinstance(data, dict) and data.get("success") is False:
             raise EngineHTTPError(f"{url} failed: {data.get('message')}")
         return data

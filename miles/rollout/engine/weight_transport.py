@@ -52,23 +52,20 @@ def _dtype(name: str) -> torch.dtype:
 
 def make_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float):
     """A gloo group of its own (not the default world), with the store keys torch gives a named group
-    and SGLang's `init_weights_update_group` gives its end: a `tcp://` rendezvous, prefixes
-    "<group>", "<group>/" and "<device>/", one gloo backend per device gloo serves (cpu, then cuda),
-    each connected in that order. With other keys a real SGLang server would wait for its peers
-    forever. The groups are not registered with torch.distributed, so both ends may share a process.
-    Returns (the cpu backend, what must stay alive with it)."""
+    and SGLang's `init_weights_update_group` gives its end: a `tcp://` rendezvous, then the prefixes
+    "<group>", "<group>/" and "<first device>/" (torch builds one gloo backend, for the first device
+    gloo serves, and registers it for the others). With other keys a real SGLang server would wait for
+    its peers forever. The group is not registered with torch.distributed, so both ends may share a
+    process. Returns (the gloo backend, the store that must stay alive with it)."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import Backend, BackendConfig, rendezvous
 
     timeout = datetime.timedelta(seconds=timeout_s)
     store, _, _ = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    base = dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
-    backends = {
-        device: dist.ProcessGroupGloo(dist.PrefixStore(f"{device}/", base), rank, world_size, timeout)
-        for device in BackendConfig(Backend("gloo")).get_device_backend_map()
-    }
-    return backends["cpu"], (store, backends)
+    device = next(iter(BackendConfig(Backend("gloo")).get_device_backend_map()))
+    prefixed = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), store
 
 
 def _broadcast(group, tensor: torch.Tensor) -> None:

@@ -103,6 +103,10 @@ class SGLangServerActor:
         self.argv = server_argv(cfg, slot, seed=seed)
         self.url_ = f"http://{host}:{slot.port}"
         env = dict(os.environ)
+        # SGLang's /health generates a token by default, so a server paused for a weight update would fail
+        # the router's health checks (and the fleet's liveness check); the fleet's monitor asks
+        # /health_generate for that explicitly. A value the user set wins.
+        env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
         if gpu_ids is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         elif cfg.cluster.device == "cpu":
