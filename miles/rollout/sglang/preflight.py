@@ -14,7 +14,7 @@ from miles.errors import UserError
 from miles.rollout.sglang import SGLANG_VERSION
 from miles.rollout.sglang.launch import engine_layout, server_command
 
-PROBE_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 300.0  # importing SGLang takes 10-20 s, minutes on a loaded machine
 INSTALL_HINT = "install it with the GPU command in README.md (pip install -r requirements/gpu.txt && pip install --no-deps -e .)"
 
 
