@@ -53,6 +53,20 @@ def _hf_dir(path: str | None, flag: str, hint: str = "") -> None:
         raise UserError(f"{flag} {path} is not a Hugging Face model directory (no config.json); point it at one.{hint}", option=flag)
 
 
+def _hub_hint(path: str | None) -> str:
+    """For `<--model-dir>/owner--name`, where a --hf-checkpoint Hub id is downloaded: how to get it there."""
+    name = Path(path or "").name
+    if "--" not in name or Path(path).exists():
+        return ""
+    from miles.prepare.hub import hf_download_command
+
+    repo_id = name.replace("--", "/", 1)
+    return (
+        f" It is where the Hub id {repo_id} is downloaded: run `miles full-train` with the same options, "
+        f"or `{hf_download_command(repo_id, path)}` where there is network."
+    )
+
+
 def _rows(path: str, *, flag: str, input_key: str, label_key: str | None) -> None:
     """Every row of a prompt file, parsed as the run parses it, with the keys the run reads."""
     from miles.rollout.data_source import _read_rows
@@ -117,7 +131,7 @@ def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pendi
     if checkpoint and (Path(checkpoint) / "config.json").is_file():
         pass  # `miles eval --checkpoint HF_DIR` evaluates that model instead of --hf-checkpoint
     elif not (r.hf_checkpoint and _is_pending(r.hf_checkpoint, pending)):
-        _hf_dir(r.hf_checkpoint, "--hf-checkpoint", hint)
+        _hf_dir(r.hf_checkpoint, "--hf-checkpoint", _hub_hint(r.hf_checkpoint) or hint)
     if command != "eval":
         if d.prompt_data is None:
             raise UserError("--prompt-data is required to train; give a .jsonl or .parquet file.", option="--prompt-data")

@@ -199,6 +199,8 @@ def resolve_invocation(
                 sources.pop(b, None)
         values.update(layer)
         sources.update({k: source for k in layer})
+    if sources.get("hf_checkpoint", "recipe") != "recipe":
+        _hub_checkpoint(values, options, plan)
     cfg = build_config(values)
     cfg.run = RunContext(run_id=options.run_id, run_dir=options.run_dir)
     unset_derived = {s.name for s in option_specs() if s.derived is not None and cfg.get(s.name) is None}
@@ -213,6 +215,23 @@ def resolve_invocation(
         if s.name not in sources:
             sources[s.name] = "derived" if s.name in unset_derived else ("env " + s.env if s.env and cfg.get(s.name) != s.default else "default")
     return Invocation(command, recipe, options, plan, cfg, sources, env={**plan.env, **run_environment(cfg)})
+
+
+def _hub_checkpoint(values: dict[str, Any], options: RecipeOptions, plan: RecipePlan) -> None:
+    """--hf-checkpoint owner/name (a Hub id, not a directory): the run reads <--model-dir>/owner--name,
+    which a prepare step of `miles full-train` downloads (skipped once its sentinel is there)."""
+    from miles.prepare.hub import hub_checkpoint_dir, sentinel
+    from recipes.base import PrepareStep
+
+    repo_id = values.get("hf_checkpoint")
+    local_dir = hub_checkpoint_dir(repo_id, options.model_dir)
+    if local_dir is None:
+        return
+    values["hf_checkpoint"] = local_dir
+    plan.prepare.insert(
+        0, PrepareStep("download-hf-checkpoint", "miles.prepare.hub:download", {"repo_id": repo_id, "local_dir": local_dir},
+                       sentinel(local_dir), f"download {repo_id} from the Hugging Face Hub into {local_dir}"),
+    )  # fmt: skip
 
 
 def recipe_values_from_env(recipe: ModuleType, given: dict[str, Any], environ: Any = None) -> dict[str, Any]:

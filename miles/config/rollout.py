@@ -77,6 +77,5 @@ class RolloutConfig:
     )
     sglang_server_concurrency: int = option(
         512,
-        help="Concurrent requests per SGLang server.",
-        unsupported="it configures the SGLang backend, which this build does not launch yet; use --rollout-backend builtin",
+        help="Requests in flight per SGLang server (--rollout-backend sglang); the rollout manager holds the rest back in order.",
     )

@@ -220,8 +220,6 @@ def removed_flag_error(flag: str) -> UserError | None:
     # Upstream miles spells router options --router-<name>; here they are --sglang-router-<name>.
     if name.startswith("--router-"):
         field = name[len("--router-"):].replace("-", "_")
-        # --sglang-router-policy is a rollout option (it drives the built-in fleet's router too), but it
-        # is still spelled --sglang-router-<name>.
         if field in _by_name(router_fields()) and (field not in ROUTER_SET_BY_MILES or field == "policy"):
             return UserError(f"No such option {name}; did you mean --sglang-router-{name[len('--router-'):]}?", option=name)
     return None
@@ -248,6 +246,15 @@ def check(cfg: Any) -> None:
             "--rollout-backend sglang or drop the flag.",
             option=flag,
         )
+    r = cfg.rollout
+    if r.rollout_backend != "sglang" and r.sglang_server_concurrency != 512:
+        raise UserError(
+            "--sglang-server-concurrency limits requests per SGLang server, which run only with --rollout-backend sglang; "
+            "add --rollout-backend sglang or drop the flag.",
+            option="--sglang-server-concurrency",
+        )
+    if r.sglang_server_concurrency < 1:
+        raise UserError("--sglang-server-concurrency must be at least 1.", option="--sglang-server-concurrency")
     for name, value in server.items():
         entry = server_entry(name)
         if entry["kind"] == "bool" and value is False:

@@ -1,6 +1,12 @@
 """Prepare step: fetch a model or dataset from the Hugging Face Hub into a local directory, once.
 
     download(repo_id="Qwen/Qwen3-4B", local_dir="runs/models/Qwen3-4B")
+    hub_checkpoint_dir("Qwen/Qwen3-4B", "runs/models")   # -> "runs/models/Qwen--Qwen3-4B" (None for a directory)
+
+`--hf-checkpoint` takes a directory or a Hub id: a value given by the user that is not an existing
+path and reads `owner/name` is a Hub id; `miles full-train` downloads it into
+`<--model-dir>/<owner>--<name>` (a prepare step like the recipes' own downloads) and the run uses that
+directory; `miles train`/`eval` use the directory once it is there.
 
 Uses `huggingface_hub.snapshot_download` (resumable: partial files are kept as `*.incomplete` and
 continued; progress bars per file). The step is complete when `<local_dir>/.miles-download-complete`
@@ -13,12 +19,22 @@ files in.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
 from miles.errors import UserError
 
 SENTINEL = ".miles-download-complete"
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def hub_checkpoint_dir(value: str | None, model_dir: str) -> str | None:
+    """Where a Hub id given as --hf-checkpoint is downloaded to; None when `value` is a local path
+    (it exists, or it is not of the form owner/name)."""
+    if not value or Path(value).expanduser().exists() or not _HUB_ID.fullmatch(value) or value.endswith((".", "..")):
+        return None
+    return str(Path(model_dir) / value.replace("/", "--"))
 
 
 def sentinel(local_dir: str) -> str:

@@ -164,7 +164,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     # Colocated actors take turns on the same devices: each asks for half a device (and half a CPU) so
     # Ray places a trainer and the engine together; separate placement gives each a whole device.
     share = 0.5 if cfg.cluster.colocate else 1.0
-    num_engines = cfg.cluster.rollout_num_gpus or 1  # engine servers (--rollout-num-gpus), or the in-process one
+    num_engines = rollout_bundles(cfg)  # engine servers' devices (--rollout-num-gpus), or the in-process engine
     num_cpus = max(os.cpu_count() or 1, world + num_engines)
     options: dict[str, Any] = {"num_cpus": share}
     if device == "cuda":
@@ -182,8 +182,9 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     # MLflow's imports take seconds: overlap them with Ray's start and the actors' (the Tracker is built after).
     import_sinks_in_background(cfg.tracking)
     with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
-        if cfg.cluster.rollout_num_gpus:  # engine servers in their own bundles; the manager only coordinates
-            engine_options = [{**options, **bundle_of(("engine", i))} for i in range(num_engines)]
+        if cfg.cluster.rollout_num_gpus or cfg.rollout.rollout_backend == "sglang":
+            # Engine servers in their own bundles; the manager only coordinates.
+            engine_options = _engine_actor_options(cfg, options, bundle_of, device)
             manager = remote_object(RolloutManager, cfg, engine_actor_options=engine_options, log_dir=str(run_dir), actor_options={"num_cpus": 0})
         else:
             manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
@@ -303,6 +304,49 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
 
 
+def rollout_bundles(cfg: EngineConfig) -> int:
+    """Placement bundles (devices) of the rollout engines: --rollout-num-gpus for engine servers (SGLang:
+    its engines × --rollout-num-gpus-per-engine), 1 for the in-process engine."""
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.launch import engine_layout
+
+        layout = engine_layout(cfg)
+        return layout.num_engines * layout.gpus_per_engine
+    return cfg.cluster.rollout_num_gpus or 1
+
+
+def _engine_actor_options(cfg: EngineConfig, options: dict[str, Any], bundle_of, device: str) -> list[dict[str, Any]]:
+    """Ray options of each engine server's actor: the bundle of its first device. An SGLang engine of
+    N GPUs also gets "gpu_bundles" (its N bundles), whose GPU ids become its CUDA_VISIBLE_DEVICES.
+
+    Colocated, engine device i shares bundle i with training rank i (see `placement`); on GPUs more
+    engine devices than training GPUs is a user error (they would not be colocated)."""
+    if cfg.rollout.rollout_backend == "sglang":
+        from miles.rollout.sglang.launch import engine_layout
+
+        layout = engine_layout(cfg)
+        g, n = layout.gpus_per_engine, layout.num_engines
+    else:
+        g, n = 1, rollout_bundles(cfg)
+    world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
+    if cfg.cluster.colocate and n * g > world:
+        if device == "cuda":
+            raise UserError(
+                f"--colocate shares the {world} training GPUs with the rollout engines, and --rollout-num-gpus asks for "
+                f"{n * g}; lower --rollout-num-gpus to at most {world} or drop --colocate.",
+                option="--rollout-num-gpus",
+            )
+    if cfg.rollout.rollout_backend != "sglang":
+        return [{**options, **bundle_of(("engine", i))} for i in range(n)]
+    out = []
+    for e in range(n):
+        opts = {**options, **bundle_of(("engine", e * g))}
+        if device == "cuda":
+            opts["gpu_bundles"] = [bundle_of(("engine", e * g + k)) for k in range(g)]
+        out.append(opts)
+    return out
+
+
 @contextlib.contextmanager
 def placement(cfg: EngineConfig, world: int, device: str):
     """One PACK placement group, upstream's layout: colocated, max(ranks, engines) bundles with rank i
@@ -313,7 +357,7 @@ def placement(cfg: EngineConfig, world: int, device: str):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     unit = {"CPU": 1.0, **({"GPU": 1.0} if device == "cuda" else {})}
-    engines = cfg.cluster.rollout_num_gpus or 1
+    engines = rollout_bundles(cfg)
     # Colocated, two engines must not share one rank's bundle: two halves fill it and the trainer
     # that takes the other half of that device would never be placed.
     n = max(world, engines) if cfg.cluster.colocate else world + engines

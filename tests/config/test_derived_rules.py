@@ -98,8 +98,6 @@ def test_a_rule_that_lies_is_caught():
         ({"train_backend": "megatron", "device": "cpu", "actor_num_gpus_per_node": 2, "tensor_model_parallel_size": 2,
           "sequence_parallel": True}, "--sequence-parallel"),
         ({"tensor_model_parallel_size": 2}, "--tensor-model-parallel-size"),
-        # --rollout-backend sglang resolves (its --dry-run plans the servers); the run's preflight refuses it
-        # where it cannot launch: tests/sglang_backend/test_sglang_options.py.
         ({"sglang_ep_size": 2}, "--sglang-ep-size"),  # an SGLang option without --rollout-backend sglang
         ({"sglang_server_concurrency": 8}, "--sglang-server-concurrency"),
         ({"use_fault_tolerance": True}, "--use-fault-tolerance"),  # no engine servers to restart

@@ -115,7 +115,7 @@ def test_reference_rows_state_type_default_choices_rule_env_and_unsupported(mode
     assert "| choice | `grpo` |" in row("advantage-estimator") and "`gspo`" in row("advantage-estimator")
     assert "| bool | derived |" in row("offload-train") and "Derived default: true under --colocate" in row("offload-train")
     assert "| int | `9090` |" in row("prometheus-port") and "Env: `PROMETHEUS_PORT`." in row("prometheus-port")
-    assert "**Not available in this build:**" in row("sglang-server-concurrency")
+    assert "**Not available in this build:**" in row("eval-num-gpus")
     assert "Env: `MILES_SCRIPT_MODEL_NAME`." in row("model-name")
     assert "| int | `536870912` |" in row("update-weight-buffer-size")  # the upstream audit found 1 GB here
 

@@ -45,6 +45,8 @@ def test_server_argv_exactly():
         sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-4B", "--host", "10.0.0.2", "--port", "30002",
         "--tp-size", "2", "--random-seed", "8", "--nccl-port", "30003", "--skip-server-warmup", "--mem-fraction-static", "0.7",
     ]
+    restarted = server_argv(cfg, EngineSlot(index=1, host="10.0.0.2", port=30002, nccl_port=30003), seed=1008)
+    assert restarted[restarted.index("--random-seed") + 1] == "1008"  # the fleet's seed for a restarted engine
 
 
 def test_server_argv_colocated_multi_node_and_separate_env():
@@ -64,11 +66,23 @@ def test_router_argv_binds_prometheus_to_loopback_on_its_own_port():
     argv = router_argv(cfg, host="10.0.0.1", port=31000, prometheus_port=31001)
     assert argv == [
         sys.executable, "-m", "sglang_router.launch_router", "--host", "10.0.0.1", "--port", "31000",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", "31001", "--policy", "round_robin", "--disable-health-check",
-    ]
-    cfg = config(sglang_router_prometheus_port=9100, sglang_router_prometheus_host="0.0.0.0", sglang_router_policy="cache_aware")
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", "31001", "--policy", "round_robin",
+        "--health-check-endpoint", "/health", "--request-timeout-secs", "14400", "--log-level", "warn",
+        "--health-check-interval-secs", "30", "--disable-health-check",
+    ]  # fmt: skip
+    cfg = config(sglang_router_prometheus_port=9100, sglang_router_prometheus_host="0.0.0.0")
     argv = router_argv(cfg, host="h", port=1, prometheus_port=2)
-    assert argv[-6:] == ["--prometheus-host", "0.0.0.0", "--prometheus-port", "9100", "--policy", "cache_aware"]
+    assert argv[argv.index("--prometheus-host") :][:4] == ["--prometheus-host", "0.0.0.0", "--prometheus-port", "9100"]
+
+
+def test_router_argv_takes_the_users_router_option_instead_of_the_fleet_default():
+    """One flag, once: --sglang-router-request-timeout-secs replaces miles' 14400, it is not added twice."""
+    cfg = config(sglang_router_request_timeout_secs=60, sglang_router_log_level="debug", rollout_health_check_interval=5.0)
+    argv = router_argv(cfg, host="h", port=1, prometheus_port=2, worker_urls=["http://a:1", "http://b:2"])
+    assert argv.count("--request-timeout-secs") == 1 and argv[argv.index("--request-timeout-secs") + 1] == "60"
+    assert argv.count("--log-level") == 1 and argv[argv.index("--log-level") + 1] == "debug"
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "5"  # --rollout-health-check-interval
+    assert argv[argv.index("--worker-urls") :][:3] == ["--worker-urls", "http://a:1", "http://b:2"]
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

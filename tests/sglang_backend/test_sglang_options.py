@@ -43,8 +43,8 @@ def test_every_router_option_is_an_option_except_those_miles_sets():
     fields = {e["name"] for e in router_fields()}
     assert names == {sg.ROUTER_PREFIX + n for n in fields - set(sg.ROUTER_SET_BY_MILES)}
     assert {"sglang_router_request_timeout_secs", "sglang_router_health_check_interval_secs"} <= names
-    # The router's policy is one option, in the rollout group: it drives the built-in fleet's router too.
-    assert "sglang_router_policy" not in names and next(s for s in option_specs() if s.name == "sglang_router_policy").group == "rollout"
+    # --sglang-router-policy is one option (the rollout group's), driving the built-in servers' router too
+    assert [s.group for s in option_specs() if s.name == "sglang_router_policy"] == ["rollout"]
 
 
 def test_defaults_are_sglangs_own():
@@ -53,9 +53,7 @@ def test_defaults_are_sglangs_own():
     assert by["sglang_ep_size"].default == 1
     assert by["sglang_deepep_mode"].default == "auto" and set(by["sglang_deepep_mode"].choices) == {"auto", "normal", "low_latency"}
     assert by["sglang_moe_a2a_backend"].default == "none" and "deepep" in by["sglang_moe_a2a_backend"].choices
-    # miles' one router-policy option keeps its own default (round_robin: the built-in fleet's engines
-    # share no prefix cache worth routing on); the router's own default is cache_aware.
-    assert by["sglang_router_policy"].default == "round_robin" and sg._by_name(router_fields())["policy"]["default"] == "cache_aware"
+    assert by["sglang_router_policy"].default == "round_robin"  # miles' default; its help says why
     assert by["sglang_router_request_timeout_secs"].default == 1800
     # miles' own router defaults (a second router on the host must not collide on 0.0.0.0:29000)
     assert by["sglang_router_prometheus_host"].default == "127.0.0.1"
@@ -139,6 +137,7 @@ def test_dry_run_prints_each_server_and_the_router_with_the_changed_options(tmp_
     (router,) = [line for line in lines if line.startswith("sglang-router:")]
     assert router.endswith(
         "-m sglang_router.launch_router --host '<driver ip>' --port 31000 --prometheus-host 127.0.0.1 --prometheus-port 31001 --policy round_robin"
+        " --health-check-endpoint /health --request-timeout-secs 14400 --log-level warn --health-check-interval-secs 30"
     )
 
 

@@ -2,8 +2,10 @@
 
     builtin, --rollout-num-gpus unset  ->  BuiltinEngine in this process (the fastest on a CPU)
     builtin, --rollout-num-gpus N      ->  EngineFleet: N built-in engine servers behind sglang-router
-    sglang                             ->  refused by resolve() until the SGLang launcher exists; it will
-                                           be an EngineFleet of SGLang servers (same client, same router)
+    sglang                             ->  EngineFleet: one SGLang server per --rollout-num-gpus-per-engine
+                                           GPUs (`--sglang-server-command`, SGLangServerActor), behind
+                                           sglang-router started from --sglang-router-command and the
+                                           --sglang-router-* options; same client, same fleet
 
 Every result is a `RolloutEngine`, so the rollout manager never asks which one it got.
 """
@@ -14,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from miles.config.engine import EngineConfig
-from miles.errors import UserError
 from miles.rollout.engine.base import RolloutEngine
 
 
@@ -25,12 +26,12 @@ def make_engine(
     actor_options: list[dict[str, Any]] | None = None,
     log_dir: str | Path | None = None,
 ) -> RolloutEngine:
+    """`actor_options[i]`: Ray options of engine i's actor (its placement bundle). For SGLang, an entry
+    may also hold "gpu_bundles": the Ray options of each bundle whose GPU the engine uses, whose GPU
+    ids become the server's CUDA_VISIBLE_DEVICES."""
     r, c = cfg.rollout, cfg.cluster
-    if r.rollout_backend != "builtin":
-        raise UserError(
-            f"--rollout-backend {r.rollout_backend} cannot run yet: the SGLang launcher is not built; use --rollout-backend builtin.",
-            option="--rollout-backend",
-        )
+    if r.rollout_backend == "sglang":
+        return _sglang_fleet(cfg, actor_options=actor_options, log_dir=log_dir)
     if c.rollout_num_gpus is None:
         from miles.rollout.engine.builtin import BuiltinEngine
 
@@ -47,4 +48,34 @@ def make_engine(
         device=device,
         actor_options=actor_options,
         log_dir=log_dir,
+    )
+
+
+def _sglang_fleet(cfg: EngineConfig, *, actor_options: list[dict[str, Any]] | None, log_dir: str | Path | None) -> RolloutEngine:
+    from miles.rollout.engine.fleet import EngineFleet
+    from miles.rollout.sglang.launch import engine_layout, router_argv
+    from miles.rollout.sglang.server_actor import SGLangServerActor, gpu_ids_of_bundles
+
+    layout = engine_layout(cfg)
+    options = [dict(o) for o in (actor_options or [{} for _ in range(layout.num_engines)])]
+    gpu_bundles = [o.pop("gpu_bundles", None) for o in options]
+    gpu_ids: dict[int, list[str]] = {}  # bundles do not move: probed once, reused by restarts
+
+    def make_actor(index: int, seed: int):
+        if gpu_bundles[index] and index not in gpu_ids:
+            gpu_ids[index] = gpu_ids_of_bundles(gpu_bundles[index])
+        kwargs = dict(index=index, seed=seed, log_dir=None if log_dir is None else str(log_dir), gpu_ids=gpu_ids.get(index))
+        return SGLangServerActor, (cfg,), kwargs
+
+    return EngineFleet(
+        cfg.rollout.hf_checkpoint,
+        num_engines=layout.num_engines,
+        policy=cfg.rollout.sglang_router_policy,
+        ft=cfg.fault_tolerance,
+        seed=cfg.rollout.rollout_seed,
+        actor_options=options,
+        log_dir=log_dir,
+        make_actor=make_actor,
+        router_argv_for=lambda port, prom, urls: router_argv(cfg, host="127.0.0.1", port=port, prometheus_port=prom, worker_urls=urls),
+        max_in_flight=cfg.rollout.sglang_server_concurrency * layout.num_engines,
     )

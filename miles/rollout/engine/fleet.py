@@ -1,4 +1,8 @@
-"""`EngineFleet`: N built-in engine servers (one Ray actor each) behind the real sglang-router.
+"""`EngineFleet`: N engine servers (one Ray actor each) behind the real sglang-router.
+
+The servers are built-in engine servers (`EngineServerActor`, --rollout-backend builtin with
+--rollout-num-gpus) or SGLang servers (`make_actor` = miles.rollout.sglang.server_actor, made by
+miles.rollout.engine.factory for --rollout-backend sglang); everything below is the same for both.
 
 The fleet is itself a `RolloutEngine`, so the rollout manager drives one engine or many the same way:
 `submit` sends `/generate` to the router; pause, abort, flush, memory and the weight-update session
@@ -23,11 +27,16 @@ purpose. An engine that fails the probe (or whose process is gone):
     fleet = EngineFleet(hf_dir, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
     fleet.submit(GenerateRequest([1, 2, 3])).result()
     fleet.weight_targets()   # engine URLs the trainer's source rank pushes weights to
+
+`max_in_flight` (--sglang-server-concurrency × engines for SGLang) caps the requests sent at once;
+the rest wait in the fleet, in submission order.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
@@ -68,6 +77,9 @@ class EngineServerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def stop(self) -> None:
+        self.server.stop()
+
 
 @dataclasses.dataclass
 class _Slot:
@@ -95,7 +107,13 @@ class EngineFleet(RolloutEngine):
         device: str = "cpu",
         actor_options: list[dict[str, Any]] | None = None,
         log_dir: str | Path | None = None,
+        make_actor=None,
+        router_argv_for=None,
+        max_in_flight: int | None = None,
     ):
+        """`make_actor(index, seed) -> (actor class, kwargs)` builds engine `index`'s actor (default: a
+        built-in `EngineServerActor`); `router_argv_for(port, prometheus_port, worker_urls)` the router's argv
+        (default: `Router.launch`'s own)."""
         from miles.rollout.engine.router import Router
 
         self.hf_dir, self.num_engines = hf_dir, num_engines
@@ -103,6 +121,10 @@ class EngineFleet(RolloutEngine):
         self.fault_tolerant = bool(ft.use_fault_tolerance)
         self._engine_args = dict(max_batch_size=max_batch_size, device=device)
         self._seed = seed
+        self._make_actor = make_actor
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._waiting: collections.deque = collections.deque()
         self._actor_options = actor_options or [{} for _ in range(num_engines)]
         self.slots = [_Slot(i) for i in range(num_engines)]
         self.restarts = 0
@@ -123,7 +145,8 @@ class EngineFleet(RolloutEngine):
             self._await_spawn(slot, ref)
             slot.state = "serving"
         self.router = Router.launch(
-            [s.url for s in self.slots], policy=policy, log_dir=log_dir, health_check_interval_s=ft.rollout_health_check_interval
+            [s.url for s in self.slots], policy=policy, log_dir=log_dir, health_check_interval_s=ft.rollout_health_check_interval,
+            argv_for=router_argv_for,
         )
         self._router_client = HttpEngine(self.router.url)
         self._write_state()
@@ -135,10 +158,14 @@ class EngineFleet(RolloutEngine):
     def _spawn(self, slot: _Slot):
         import ray
 
-        cls = ray.remote(**{"num_cpus": 1, **self._actor_options[slot.index], "max_restarts": 0})(EngineServerActor)
         # Each engine (and each restart) gets its own seed, as upstream gives SGLang seed + rank.
         seed = self._seed + 1000 * self.restarts + slot.index
-        slot.actor = cls.remote(self.hf_dir, seed=seed, **self._engine_args)
+        if self._make_actor is None:
+            actor_cls, args, kwargs = EngineServerActor, (self.hf_dir,), dict(seed=seed, **self._engine_args)
+        else:
+            actor_cls, args, kwargs = self._make_actor(slot.index, seed)
+        cls = ray.remote(**{"num_cpus": 1, **self._actor_options[slot.index], "max_restarts": 0})(actor_cls)
+        slot.actor = cls.remote(*args, **kwargs)
         slot.state = "starting"
         return slot.actor.url.remote()
 
@@ -194,10 +221,7 @@ class EngineFleet(RolloutEngine):
                 pass
             self._died_at = time.monotonic()
         print(f"[miles] {message}; restarting it (restart {self.restarts})", flush=True)
-        try:
-            ray.kill(slot.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        self._kill(slot)  # out of the router already (above, under the lock)
 
         def restart() -> None:
             ref = self._spawn(slot)
@@ -212,6 +236,20 @@ class EngineFleet(RolloutEngine):
         t = threading.Thread(target=restart, name=f"miles-engine-restart-{slot.index}", daemon=True)
         self._restarting[slot.index] = t
         t.start()
+
+    @staticmethod
+    def _kill(slot: _Slot, timeout_s: float = 30.0) -> None:
+        """Stop the engine's server (its whole process group for SGLang), then the actor."""
+        import ray
+
+        try:
+            ray.get(slot.actor.stop.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a dead or hung actor: ray.kill below, and the server dies with it
+            pass
+        try:
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
     def _monitor_loop(self) -> None:
         ft = self.ft
@@ -231,6 +269,31 @@ class EngineFleet(RolloutEngine):
                     self._engine_failed(slot, str(e))
 
     # ------------------------------------------------------------------ generation
+    def _acquire(self, request: GenerateRequest, start) -> None:
+        """Run `start` now, or once fewer than `max_in_flight` requests are out."""
+        with self._lock:
+            if self._max_in_flight is not None and self._in_flight >= self._max_in_flight:
+                self._waiting.append((request, start))
+                return
+            self._in_flight += 1
+        start()
+
+    def _release(self, _: Future) -> None:
+        with self._lock:
+            start = self._waiting.popleft()[1] if self._waiting else None
+            if start is None:
+                self._in_flight -= 1
+        if start is not None:
+            start()  # takes over the finished request's place
+
+    def _abort_waiting(self, rid: str, abort_all: bool) -> list:
+        """Take the matching requests that were never sent out of the queue (they answer "abort")."""
+        with self._lock:
+            hit = [w for w in self._waiting if abort_all or (w[0].rid or "").startswith(rid)]
+            for w in hit:
+                self._waiting.remove(w)
+        return hit
+
     def submit(self, request: GenerateRequest) -> "Future[GenerateResponse]":
         outer: Future = Future()
         outer.set_running_or_notify_cancel()
@@ -275,7 +338,12 @@ class EngineFleet(RolloutEngine):
             else:
                 threading.Timer(REQUEUE_DELAY_S, attempt).start()
 
-        attempt()
+        def first() -> None:
+            outer.add_done_callback(self._release)
+            attempt()
+
+        first.outer = outer  # for _abort_waiting
+        self._acquire(request, first)
         return outer
 
     def _probe_engines(self, failed_at: float) -> bool:
@@ -309,6 +377,10 @@ class EngineFleet(RolloutEngine):
             raise RunStopped(self.fatal)
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        for request, start in self._abort_waiting(rid, abort_all):
+            start.outer.set_result(
+                GenerateResponse(output_ids=[], text="", finish_type="abort", prompt_tokens=len(request.input_ids), rid=request.rid)
+            )
         self._each("abort_request", rid, abort_all)
 
     def pause_generation(self) -> None:
@@ -412,6 +484,14 @@ class EngineFleet(RolloutEngine):
 
         self._stop.set()
         self.router.stop()
+        stops = {}
+        for s in self.slots:
+            try:
+                stops[s.index] = s.actor.stop.remote()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        with contextlib.suppress(Exception):
+            ray.wait(list(stops.values()), num_returns=len(stops), timeout=30)
         for s in self.slots:
             try:
                 ray.kill(s.actor, no_restart=True)

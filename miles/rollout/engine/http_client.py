@@ -96,7 +96,8 @@ class HttpEngine(RolloutEngine):
             raise EngineHTTPError(f"{url} failed: {type(e).__name__}: {e}") from e
         if r.status_code != 200:
             raise EngineHTTPError(f"{url} answered HTTP {r.status_code}: {r.text[:300]}", status=r.status_code)
-        data = r.json() if r.content else None
+        # SGLang answers some control calls with plain text (/flush_cache) or an empty body (/abort_request).
+        data = r.json() if r.content and "json" in r.headers.get("content-type", "") else (r.text or None)
         if isinstance(data, dict) and data.get("success") is False:
             raise EngineHTTPError(f"{url} failed: {data.get('message')}")
         return data
@@ -141,4 +142,13 @@ class HttpEngine(RolloutEngine):
         self.call("/health_generate", method="GET", timeout=timeout)
 
     def get_weights_checksum(self) -> str:
-        return self.call("/weights_checker", {"action": "checksum"})["checksum"]
+        data = self.call("/weights_checker", {"action": "checksum"})
+        if "checksum" not in data:  # SGLang answers its own per-rank checksums of its own parameter layout
+            from miles.errors import UserError
+
+            raise UserError(
+                f"--check-weight-update-equal compares sha256 sums of Hugging Face-named weights, and the server at "
+                f"{self.url} answers /weights_checker with its own checksum format; drop --check-weight-update-equal.",
+                option="--check-weight-update-equal",
+            )
+        return data["checksum"]

@@ -49,7 +49,14 @@ class Router:
         log_dir: str | Path | None = None,
         timeout_s: float = START_TIMEOUT_S,
         health_check_interval_s: float = 10.0,
+        argv_for=None,
     ) -> "Router":
+        """`argv_for(port, prometheus_port, worker_urls)`, when given, is the whole router command line (the SGLang
+        backend's, from miles.rollout.sglang.launch.router_argv: --sglang-router-command and the
+        --sglang-router-* options); else this interpreter's sglang-router with miles' settings."""
+        if argv_for is not None:
+            port, prom = free_port(), free_port()
+            return cls._start(argv_for(port, prom, list(worker_urls)), port, len(worker_urls), log_dir, timeout_s)
         try:
             import sglang_router  # noqa: F401
         except ImportError:
@@ -76,6 +83,10 @@ class Router:
             # router's own retries would re-send blindly, possibly to the same dead engine, unseen.
             "--disable-retries",
         ]
+        return cls._start(argv, port, len(worker_urls), log_dir, timeout_s)
+
+    @classmethod
+    def _start(cls, argv: list[str], port: int, n_workers: int, log_dir, timeout_s: float) -> "Router":
         log_path = None
         out = subprocess.DEVNULL
         if log_dir is not None:
@@ -87,7 +98,7 @@ class Router:
             argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ}, preexec_fn=_die_with_parent
         )
         router = cls(process, f"http://127.0.0.1:{port}", log_path)
-        router.wait_ready(len(worker_urls), timeout_s)
+        router.wait_ready(n_workers, timeout_s)
         return router
 
     def _get(self, path: str, timeout: float = 5.0):

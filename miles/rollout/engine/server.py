@@ -27,6 +27,12 @@ which an HTTP server on a CPU cannot map; the in-process engine takes tensors di
 Run one by hand (binds 127.0.0.1; port 0 picks a free one and prints it):
 
     python -m miles.rollout.engine.server --hf-checkpoint runs/tiny-qwen3/hf --port 0
+
+It also takes the SGLang server flags miles' SGLang launcher writes (`--model-path --host --port
+--tp-size 1 --random-seed ...`, see SGLANG_FLAGS_TAKEN) and refuses any other SGLang flag by name, so
+`--rollout-backend sglang --sglang-server-command "python -m miles.rollout.engine.server"` runs the
+SGLang backend's whole code path (launch, health, router, client, weight updates, restarts) on a CPU
+without SGLang.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -98,6 +105,7 @@ class EngineServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.started = time.time()
+        self.generate_requests = 0  # prompts answered on /generate (health checks not counted)
 
     @property
     def url(self) -> str:
@@ -201,6 +209,7 @@ class EngineServer:
         except (ValueError, TypeError, KeyError) as e:
             return self._fail(str(e))
         responses = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        self.generate_requests += len(responses)
         out = [sglang_json(r) for r in responses]
         return self._json(out if batched else out[0])
 
@@ -324,6 +333,7 @@ class EngineServer:
                 "startup_time": self.started,
                 "version": "miles-builtin",
                 "internal_states": [self.engine.health()],
+                "generate_requests": self.generate_requests,
                 "pid": os.getpid(),
             }
         )
@@ -333,19 +343,73 @@ class EngineServer:
         return self._json({"loads": [{"dp_rank": 0, "num_running_reqs": h["running"], "num_waiting_reqs": h["waiting"]}]})
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--hf-checkpoint", required=True)
+# SGLang server flags this server takes, so `--rollout-backend sglang --sglang-server-command "python -m
+# miles.rollout.engine.server"` runs it from the argv miles builds for SGLang (launch.server_argv).
+# Any other SGLang flag is refused by name: the built-in engine would silently not honour it.
+SGLANG_FLAGS_TAKEN = {
+    "--model-path": "the model directory (same as --hf-checkpoint)",
+    "--host": "the address to bind",
+    "--port": "the port (0 = a free one)",
+    "--random-seed": "the engine's seed (same as --seed)",
+    "--max-running-requests": "the largest decode batch (same as --max-batch-size)",
+    "--device": "cpu or cuda",
+    "--tp-size": "must be 1: the built-in engine does not shard a model",
+    "--nccl-port": "accepted and unused: one process has no tensor-parallel group",
+    "--skip-server-warmup": "accepted: this server never warms up",
+    "--enable-memory-saver": "accepted: /release_memory_occupation and /resume_memory_occupation are always served",
+    "--log-level": "this server's log level",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m miles.rollout.engine.server",
+        description=__doc__.split("\n")[0] + " It also takes these SGLang server flags: " + ", ".join(SGLANG_FLAGS_TAKEN) + ".",
+    )
+    ap.add_argument("--hf-checkpoint", "--model-path", dest="model", required=True, help="Hugging Face model directory.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--max-batch-size", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    ap.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=256)
+    ap.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--tp-size", type=int, default=1, help=SGLANG_FLAGS_TAKEN["--tp-size"])
+    ap.add_argument("--nccl-port", type=int, help=SGLANG_FLAGS_TAKEN["--nccl-port"])
+    ap.add_argument("--skip-server-warmup", action="store_true", help=SGLANG_FLAGS_TAKEN["--skip-server-warmup"])
+    ap.add_argument("--enable-memory-saver", action="store_true", help=SGLANG_FLAGS_TAKEN["--enable-memory-saver"])
+    ap.add_argument("--log-level", default="warning")
+    args, unknown = ap.parse_known_args(argv)
+    flags = [u.split("=", 1)[0] for u in unknown if u.startswith("--")]
+    if flags or unknown:
+        name = flags[0] if flags else unknown[0]
+        ap.error(
+            f"{name} is an SGLang server flag the built-in engine server does not implement; drop the matching "
+            f"--sglang-{name[2:]} option, or point --sglang-server-command at a real SGLang server"
+        )
+    if args.tp_size != 1:
+        ap.error(f"--tp-size {args.tp_size}: the built-in engine server does not shard a model; use --rollout-num-gpus-per-engine 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
     torch.set_num_threads(1)
     server = EngineServer(
-        BuiltinEngine(args.hf_checkpoint, max_batch_size=args.max_batch_size, seed=args.seed), host=args.host, port=args.port
+        BuiltinEngine(args.model, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed), host=args.host, port=args.port
     )
     print(server.start(), flush=True)
+
+    def summary_and_exit(signum, frame) -> None:
+        # One line a person (or a test) can read in the server's log after the run stops it.
+        h = server.engine.health()
+        print(
+            f"[miles] engine server {server.url} stopping: {server.generate_requests} /generate requests, "
+            f"{h['generated_tokens']} tokens, weight version {h['weight_version']}",
+            flush=True,
+        )
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, summary_and_exit)
     threading.Event().wait()
 
 

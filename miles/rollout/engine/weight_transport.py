@@ -51,14 +51,21 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def make_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float):
-    """A gloo process group of its own (not the default world): TCPStore rendezvous under a prefix."""
+    """A gloo group of its own (not the default world), with the store keys torch gives a named group
+    and SGLang's `init_weights_update_group` gives its end: a `tcp://` rendezvous, then the prefixes
+    "<group>", "<group>/" and "<first device>/" (torch builds one gloo backend, for the first device
+    gloo serves, and registers it for the others). With other keys a real SGLang server would wait for
+    its peers forever. The group is not registered with torch.distributed, so both ends may share a
+    process. Returns (the gloo backend, the store that must stay alive with it)."""
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import Backend, BackendConfig, rendezvous
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
-    )
-    return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, timeout), store
+    store, _, _ = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    device = next(iter(BackendConfig(Backend("gloo")).get_device_backend_map()))
+    prefixed = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), store
 
 
 def _broadcast(group, tensor: torch.Tensor) -> None:
@@ -178,7 +185,7 @@ class BroadcastSender:
             "flush_cache": False,
         }
         if weight_version is not None:
-            body["weight_version"] = weight_version
+            body["weight_version"] = str(weight_version)  # SGLang's field is a string
         calls = [self._pool.submit(_post, url, "/update_weights_from_distributed", body) for url in self.urls]
         for t in tensors:  # same order as the names the engines were given
             _broadcast(self.group, t)
@@ -217,7 +224,7 @@ class DiskSender:
             for name in _HF_SIDE_FILES:
                 if (self.hf_checkpoint / name).is_file():
                     shutil.copy(self.hf_checkpoint / name, self.dir / name)
-        body = {"model_path": str(self.dir), "weight_version": weight_version, "flush_cache": False}
+        body = {"model_path": str(self.dir), "weight_version": str(weight_version), "flush_cache": False}
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.urls))) as pool:
             calls = [pool.submit(_post, url, "/update_weights_from_disk", body) for url in self.urls]
             _wait(calls, f"{len(self.urls)} engine(s) to load weights from {self.dir}", HTTP_TIMEOUT_S)

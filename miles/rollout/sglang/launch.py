@@ -112,8 +112,9 @@ def passthrough_args(group: Any, prefix: str, entry_of, explicit=frozenset()) ->
     return out
 
 
-def server_argv(cfg: Any, slot: EngineSlot, *, model_path: str | None = None) -> list[str]:
-    """The full argv of the SGLang server of engine `slot.index`."""
+def server_argv(cfg: Any, slot: EngineSlot, *, model_path: str | None = None, seed: int | None = None) -> list[str]:
+    """The full argv of the SGLang server of engine `slot.index`; `seed` defaults to --rollout-seed plus
+    the engine index (a restarted engine gets a new one from the fleet)."""
     layout = engine_layout(cfg)
     model = model_path or cfg.rollout.hf_checkpoint
     if not model:
@@ -124,7 +125,7 @@ def server_argv(cfg: Any, slot: EngineSlot, *, model_path: str | None = None) ->
         "--host", slot.host,
         "--port", str(slot.port),
         "--tp-size", str(layout.gpus_per_engine),
-        "--random-seed", str(cfg.rollout.rollout_seed + slot.index),
+        "--random-seed", str(cfg.rollout.rollout_seed + slot.index if seed is None else seed),
         "--nccl-port", str(slot.nccl_port),
         "--skip-server-warmup",
     ]
@@ -137,13 +138,27 @@ def server_argv(cfg: Any, slot: EngineSlot, *, model_path: str | None = None) ->
     return argv + passthrough_args(cfg.sglang, SERVER_PREFIX, server_entry)
 
 
-def router_argv(cfg: Any, *, host: str, port: int, prometheus_port: int, worker_urls: list[str] = ()) -> list[str]:
+# Router flags miles sets for its fleet unless the matching --sglang-router-* option is given:
+# engines answer /health without generating, so a pause for a weight update does not make the router
+# drop them (dead engines are the fleet's health monitor's job); long rollouts must not time out.
+ROUTER_FLEET_DEFAULTS = {
+    "health_check_endpoint": "/health",
+    "request_timeout_secs": 14400,
+    "log_level": "warn",
+}
+
+
+def router_argv(
+    cfg: Any, *, host: str, port: int, prometheus_port: int, worker_urls: list[str] = (), health_check_interval_s: float | None = None
+) -> list[str]:
     """The argv of the sglang-router in front of the engines.
 
     Engines register themselves as they become healthy (`POST /workers`), so `worker_urls` is usually
     empty. The router's Prometheus exporter binds 0.0.0.0:29000 unless told otherwise, and a second
     router on the host then panics: miles gives it `prometheus_port` on 127.0.0.1 unless the
-    `--sglang-router-prometheus-*` options say otherwise.
+    `--sglang-router-prometheus-*` options say otherwise. `--policy` is --sglang-router-policy; the
+    health check interval is --rollout-health-check-interval; ROUTER_FLEET_DEFAULTS fill the rest
+    unless a --sglang-router-* option sets them.
     """
     argv = [*router_command(cfg), "--host", host, "--port", str(port)]
     if worker_urls:
@@ -151,7 +166,13 @@ def router_argv(cfg: Any, *, host: str, port: int, prometheus_port: int, worker_
     r = cfg.sglang_router
     argv += ["--prometheus-host", r.sglang_router_prometheus_host]
     argv += ["--prometheus-port", str(r.sglang_router_prometheus_port or prometheus_port)]
-    argv += ["--policy", cfg.rollout.sglang_router_policy]  # one option for both fleets (see ROUTER_OWNED)
+    argv += ["--policy", cfg.rollout.sglang_router_policy]
+    given = changed_values(r)
+    interval = cfg.fault_tolerance.rollout_health_check_interval if health_check_interval_s is None else health_check_interval_s
+    defaults = {**ROUTER_FLEET_DEFAULTS, "health_check_interval_secs": int(max(1, interval))}
+    for field, value in defaults.items():
+        if ROUTER_PREFIX + field not in given:
+            argv += [router_entry(ROUTER_PREFIX + field)["cli"], str(value)]
     return argv + passthrough_args(r, ROUTER_PREFIX, router_entry, explicit=ROUTER_ALWAYS_PASSED)
 
 

@@ -14,7 +14,7 @@ from miles.errors import UserError
 from miles.rollout.sglang import SGLANG_VERSION
 from miles.rollout.sglang.launch import engine_layout, server_command
 
-PROBE_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 300.0  # importing SGLang takes 10-20 s, minutes on a loaded machine
 INSTALL_HINT = "install it with the GPU command in README.md (pip install -r requirements/gpu.txt && pip install --no-deps -e .)"
 
 
@@ -49,12 +49,15 @@ def installed_sglang_version(command: list[str], *, timeout_s: float = PROBE_TIM
 
 def check_can_launch(cfg: Any, *, gpus: int | None = None) -> None:
     needed, why = gpus_needed(cfg)
-    if not cfg.cluster.ray_address:  # on a cluster, Ray counts the GPUs when it places the actors
+    # On a cluster Ray counts the GPUs when it places the actors; with --device cpu every "GPU" is a
+    # CPU process (the engines get CUDA_VISIBLE_DEVICES="").
+    if not cfg.cluster.ray_address and cfg.cluster.device != "cpu":
         have = visible_gpus() if gpus is None else gpus
         if have < needed:
             raise UserError(
                 f"--rollout-backend sglang needs {needed} GPUs here ({why}) but {have} are visible; run on a machine "
-                "or Ray cluster (--ray-address) that has them, or add --dry-run to print the plan.",
+                "or Ray cluster (--ray-address) that has them, add --device cpu for CPU servers, or add --dry-run "
+                "to print the plan.",
                 option="--rollout-backend",
             )
     command = server_command(cfg)
