@@ -155,3 +155,14 @@ def test_two_servers_behind_the_real_router(hf_dir, servers, tmp_path):
     finally:
         router.stop()
     assert router.process.poll() is not None
+
+
+def test_broadcast_group_address_is_loopback_only_when_every_engine_is_local(monkeypatch):
+    """Engines on another node cannot reach 127.0.0.1: the rendezvous address is then this node's."""
+    import ray
+
+    from miles.rollout.engine.weight_transport import group_master_address
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
+    assert group_master_address(["http://127.0.0.1:31001", "http://localhost:31002"]) == "127.0.0.1"
+    assert group_master_address(["http://127.0.0.1:31001", "http://10.1.2.4:31002"]) == "10.1.2.3"

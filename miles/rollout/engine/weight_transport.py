@@ -149,6 +149,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def group_master_address(engine_urls: list[str]) -> str:
+    """The address engines use to reach the sender's rendezvous store: loopback when every engine is on
+    this host, else this node's address as Ray knows it (engines on other nodes cannot reach 127.0.0.1)."""
+    from urllib.parse import urlparse
+
+    if all(urlparse(u).hostname in ("127.0.0.1", "localhost", "::1") for u in engine_urls):
+        return "127.0.0.1"
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 class BroadcastSender:
     """The source rank's end of the broadcast path (one group with all engines)."""
 
@@ -164,15 +176,16 @@ class BroadcastSender:
         """Rendezvous: engines are asked to join first (without waiting), then rank 0 joins, then wait."""
         port = free_port()
         world = 1 + len(self.urls)
+        master = group_master_address(self.urls)
         calls = [
             self._pool.submit(
                 _post, url, "/init_weights_update_group",
-                {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1 + i, "world_size": world,
+                {"master_address": master, "master_port": port, "rank_offset": 1 + i, "world_size": world,
                  "group_name": self.group_name, "backend": "gloo", "timeout": self.timeout_s},
             )
             for i, url in enumerate(self.urls)
         ]
-        self.group, self._store = make_group("127.0.0.1", port, 0, world, self.group_name, self.timeout_s)
+        self.group, self._store = make_group(master, port, 0, world, self.group_name, self.timeout_s)
         _wait(calls, f"{len(self.urls)} engine(s) to join the weight update group", self.timeout_s)
 
     def send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, weight_version: int | None = None) -> None:
