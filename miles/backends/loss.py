@@ -37,3 +37,16 @@ def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batc
         entropy=entropy,
         normalizer=normalizer,
     )
+
+
+def combine_metric(acc: dict[str, float], key: str, value: float) -> None:
+    """Fold one micro-batch's metric into the step's: `*_max`/`*_min` by max/min, the rest by sum
+    (the losses normalise by the whole step, so the sum over micro-batches is the step's mean)."""
+    if key not in acc:
+        acc[key] = value
+    elif key.endswith("_max"):
+        acc[key] = max(acc[key], value)
+    elif key.endswith("_min"):
+        acc[key] = min(acc[key], value)
+    else:
+        acc[key] += value

@@ -38,6 +38,7 @@ from miles.backends.base import PackedBatch, TrainerBackend
 from miles.backends.megatron import model as mm
 from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
 from miles.backends.megatron.parallel import check_hardware, check_layout, check_model, init_parallel, options_from_config
+from miles.backends.loss import combine_metric
 from miles.backends.packing import pack_samples
 from miles.errors import UserError
 
@@ -47,17 +48,6 @@ def _policy_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: P
     from miles.backends.loss import packed_loss
 
     return packed_loss(cfg, log_probs, entropy, batch, normalizer)
-
-
-def _combine(acc: dict[str, float], key: str, value: float) -> None:
-    if key not in acc:
-        acc[key] = value
-    elif key.endswith("_max"):
-        acc[key] = max(acc[key], value)
-    elif key.endswith("_min"):
-        acc[key] = min(acc[key], value)
-    else:
-        acc[key] += value
 
 
 class MegatronTrainer(TrainerBackend):
@@ -275,7 +265,7 @@ class MegatronTrainer(TrainerBackend):
                 ent = ent.detach()
             loss, metrics = _policy_loss(lp, None if self.is_sft else ent, batch, cfg, normalizer)
             for key, value in {"loss": loss, **metrics}.items():
-                _combine(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
+                combine_metric(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
             return loss * scale, {}
 
         self.model.train()

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import PackedBatch, TrainerBackend
-from miles.backends.loss import packed_loss
+from miles.backends.loss import combine_metric, packed_loss
 from miles.backends.packing import pack_samples
 from miles.backends.torch.batching import StepPlan, plan_steps
 from miles.backends.torch.fsdp import full_tensor
@@ -68,21 +68,8 @@ def _load_causal_lm(hf_dir: str, device: str) -> torch.nn.Module:
     return model.to(device)
 
 
-def _combine(acc: dict[str, float], key: str, value: float) -> None:
-    """Fold one micro-batch's metric into the step's: `*_max`/`*_min` by max/min, the rest by sum
-    (the losses normalise by the whole step, so the sum over micro-batches is the step's mean)."""
-    if key not in acc:
-        acc[key] = value
-    elif key.endswith("_max"):
-        acc[key] = max(acc[key], value)
-    elif key.endswith("_min"):
-        acc[key] = min(acc[key], value)
-    else:
-        acc[key] += value
-
-
 def _all_reduce_metrics(local: dict[str, float]) -> dict[str, float]:
-    """Combine metrics over DP ranks like `_combine` does over micro-batches (same keys on every rank)."""
+    """Combine metrics over DP ranks like `combine_metric` does over micro-batches (same keys on every rank)."""
     out = dict(local)
     for op, pick in (
         (dist.ReduceOp.SUM, lambda k: not k.endswith(("_max", "_min"))),
@@ -311,7 +298,7 @@ class TorchBackend(TrainerBackend):
                 loss.backward()
             metrics = {"loss": loss, **metrics}
             for key, value in metrics.items():
-                _combine(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
+                combine_metric(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
 
         if self.world_size > 1:
             sums = _all_reduce_metrics(sums)
