@@ -186,9 +186,6 @@ def main() -> None:
 
 def idle() -> None:
     """Peak RSS of an interpreter that imported what a conversion imports, and converted nothing."""
-    import safetensors.torch  # noqa: F401
-    import torch  # noqa: F401
-
     import miles.ckpt.convert.dcp_stream  # noqa: F401
     import miles.ckpt.convert.run  # noqa: F401
     from miles.config.convert import ConvertOptions  # noqa: F401

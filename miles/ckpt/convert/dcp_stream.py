@@ -1,34 +1,31 @@
-"""Write a torch DCP checkpoint tensor by tensor, and read its `.metadata` index, without importing
-`torch.distributed.checkpoint`.
+"""Write a torch DCP checkpoint tensor by tensor, and read its `.metadata` index, without importing torch.
 
 Used by `torch_dist.save_torch_dist` (writing) and `torch_dist.TorchDistReader` (reading). Not meant
 to be run on its own; `python bench/convert.py` measures it and tests/ckpt/test_convert_streaming.py
 checks it against megatron-core's own `dist_checkpointing.save` and `load`.
 
-Why not torch's `torch.distributed.checkpoint.save`: importing that package pulls in DTensor, torch.fx
-and sympy, about 1.5-2.5 s here, more than copying a 1 GB checkpoint takes, so at the sizes people
-convert on one machine it was a third of the conversion. The format is small and stable, and this
-module writes it the way torch's `FileSystemWriter(single_file_per_rank=True)` does:
+Why not torch's `torch.distributed.checkpoint.save`: importing torch takes 1.5-2 s here and that
+package another 1.5-2.5 s (DTensor, torch.fx, sympy), more than copying a 1 GB checkpoint takes. The
+format is small and stable, and this module writes it the way torch's
+`FileSystemWriter(single_file_per_rank=True)` does:
 
-- data files `__0_<n>.distcp`: each tensor is one `torch.save` record at the current offset, each
-  bytes item its bytes verbatim; a new file starts once one holds `file_bytes`;
+- data files `__0_<n>.distcp`: each tensor is one `torch.save` record at the current offset (written
+  by torch_format.py: header, the raw bytes, the zip directory), each bytes item its bytes verbatim;
+  a new file starts once one holds `file_bytes`;
 - `.metadata`: a pickle of torch's `Metadata` (tensor keys, global sizes, chunk offsets and sizes,
   dtypes; where each item's bytes lie), written to `.metadata.tmp`, fsynced, then renamed.
 
-The `.metadata` pickle names torch's classes (`torch.distributed.checkpoint.metadata.Metadata`, ...)
-and carries exactly the state theirs pickle (dataclass fields; TensorProperties' tuple; `_StorageInfo`
-without its None fields), so torch's and megatron-core's readers load it as their own. Here those
-classes are small look-alikes (`_GLOBALS`), written under the torch names by `_Pickler` and read back
-into the look-alikes by `_Unpickler` (other names resolve normally). Pinned to torch 2.13's DCP
-format version "1.0.0"; the tests compare with what megatron-core writes through torch itself.
+The `.metadata` pickle names torch's classes (`torch.distributed.checkpoint.metadata.Metadata`,
+`torch.Size`, `torch.bfloat16`, ...) and carries exactly the state theirs pickle (dataclass fields;
+TensorProperties' tuple; `_StorageInfo` without its None fields), so torch's and megatron-core's
+readers load it as their own. Here those classes are small look-alikes, written under the torch names
+and read back into the look-alikes (`_GLOBALS`, torch_format's `Pickler`/`Unpickler`). Pinned to torch
+2.13's DCP format version "1.0.0"; the tests compare with what megatron-core writes through torch.
 
-Memory: one tensor at a time (`produce(name)` is called when its bytes are due and the tensor is
-dropped once written). Speed: `torch.save` would compute a CRC-32 of every record for the zip
-directory, about half its time; nothing reads it (`torch.load`, DCP's and megatron-core's readers
-never check it), so it is off for these records only (restored after the save). The data must be on
-disk before `.metadata` points at it, but one fsync at the end waits for the whole file's writeback;
-a background thread runs `fdatasync` after every `SYNC_BYTES` written instead, so writeback overlaps
-the conversion and the closing fsync waits only for the tail.
+Memory and speed: `produce(name)` is called when an item's bytes are due. It returns a
+`bytecopy.Source` (file ranges: the kernel copies them, nothing passes through this process) or an
+in-memory torch tensor (tests; dropped once written). The data must be on disk before `.metadata`
+points at it: `bytecopy.OutputFile` overlaps writeback with the copying and fsyncs each file on close.
 """
 
 from __future__ import annotations
@@ -36,28 +33,25 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from miles.ckpt.convert import bytecopy
+from miles.ckpt.convert.torch_format import STRIDED, NeedsTorch, Pickler, Size, Unpickler, dtype_of, numel, tensor_record, torch_dtype
 
 DCP_VERSION = "1.0.0"  # torch 2.13's torch.distributed.checkpoint.CURRENT_DCP_VERSION
 METADATA = ".metadata"
 _MD = "torch.distributed.checkpoint.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
-# Bytes written between background fdatasync calls: rare enough to cost nothing, frequent enough that
-# the closing fsync has little left to wait for.
-SYNC_BYTES = 256 * 1024**2
 
 
 # Look-alikes of torch's DCP metadata classes: same field names, same pickled state.
 @dataclass
 class ChunkStorageMetadata:
-    offsets: torch.Size
-    sizes: torch.Size
+    offsets: Size
+    sizes: Size
 
 
 class _MemFormat:
@@ -72,11 +66,11 @@ class _MemFormat:
 
 @dataclass
 class TensorProperties:
-    dtype: torch.dtype
+    dtype: Any  # torch_format.TorchName of the dtype (prints as torch.float32)
 
     def __getstate__(self):
         # (dtype, layout, requires_grad, memory-format encoding, pin_memory), as torch pickles it.
-        return (self.dtype, torch.strided, False, _MemFormat(0), False)
+        return (self.dtype, STRIDED, False, _MemFormat(0), False)
 
     def __setstate__(self, state):
         self.dtype = state[0]
@@ -85,7 +79,7 @@ class TensorProperties:
 @dataclass
 class TensorStorageMetadata:
     properties: TensorProperties
-    size: torch.Size
+    size: Size
     chunks: list[ChunkStorageMetadata]
 
 
@@ -114,10 +108,10 @@ class Metadata:
 class MetadataIndex:
     """Key of `storage_data`: (fqn, chunk offset); `index` is a lookup hint, not part of equality."""
 
-    def __init__(self, fqn: str, offset: torch.Size | None = None, index: int | None = None):
+    def __init__(self, fqn: str, offset: tuple[int, ...] | None = None, index: int | None = None):
         self.fqn, self.index = fqn, index
         if offset is not None:  # torch's leaves the field at its class default None
-            self.offset = torch.Size(offset)
+            self.offset = Size(offset)
 
     def _key(self) -> tuple:
         return (self.fqn, getattr(self, "offset", None))
@@ -149,128 +143,107 @@ _GLOBALS: dict[type, tuple[str, str]] = {
 _BY_NAME = {name: cls for cls, name in _GLOBALS.items()}
 
 
-class _Pickler(pickle._Pickler):  # the Python pickler: its save_global can be overridden per class
-    def save_global(self, obj, name=None):
-        ref = _GLOBALS.get(obj) if isinstance(obj, type) else None
-        if ref is None:
-            return super().save_global(obj, name)
-        self.save(ref[0])
-        self.save(ref[1])
-        self.write(pickle.STACK_GLOBAL)
-        self.memoize(obj)
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        return _BY_NAME.get((module, name)) or super().find_class(module, name)
-
-
 def read_metadata(ckpt_dir: Path) -> Metadata:
     """The `.metadata` index of a DCP checkpoint (whoever wrote it), as the look-alike classes."""
     with open(ckpt_dir / METADATA, "rb") as f:
-        return _Unpickler(f).load()
+        return Unpickler(f, by_name=_BY_NAME).load()
 
 
 @dataclass(frozen=True)
 class Item:
-    """One thing to write: a tensor chunk (`planned` set) or a bytes object (`data` set)."""
+    """One thing to write: a tensor chunk (`offsets` set) or a bytes object (`data` set)."""
 
     fqn: str
-    offsets: torch.Size | None = None  # the chunk's offsets in the global tensor (None: bytes item)
-    global_size: torch.Size | None = None
+    offsets: tuple[int, ...] | None = None  # the chunk's offsets in the global tensor (None: bytes item)
+    global_size: tuple[int, ...] | None = None
     name: str = ""  # what `produce` is asked for
     shape: tuple[int, ...] = ()  # the produced tensor's shape and dtype, checked before writing
-    dtype: torch.dtype | None = None
+    dtype: Any = None  # a dtype name ("float32"), or a torch.dtype
     data: bytes = b""
 
 
-def save(items: list[Item], produce: Callable[[str], torch.Tensor], ckpt_dir: Path, file_bytes: int) -> None:
+def save(items: list[Item], produce: Callable[[str], Any], ckpt_dir: Path, file_bytes: int) -> None:
     """Write `items` in order into `ckpt_dir` (existing), then `.metadata`; one tensor in memory at a time."""
-    from torch.utils.serialization import config
-
     state_dict_metadata: dict[str, Any] = {}
     storage_data: dict[MetadataIndex, _StorageInfo] = {}
     n_files, f, file = 0, None, ""
     try:
-        with config.patch({"save.compute_crc32": False}):
-            for it in items:
-                if f is None or f.tell() >= file_bytes:
-                    if f is not None:
-                        f.close()
-                    file = f"__0_{n_files}.distcp"
-                    n_files += 1
-                    f = _SyncingFile(ckpt_dir / file)
-                start = f.tell()
-                if it.offsets is None:
-                    state_dict_metadata[it.fqn] = BytesStorageMetadata()
-                    index = MetadataIndex(it.fqn)
-                    f.write(it.data)
-                else:
-                    tensor = produce(it.name)
-                    if tuple(tensor.shape) != it.shape or tensor.dtype != it.dtype:
-                        raise RuntimeError(f"{it.name}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {it.shape} {it.dtype}")
-                    chunk_sizes = torch.Size([1] * (len(it.offsets) - len(it.shape)) + list(it.shape))
-                    tensor = tensor.detach().contiguous().reshape(chunk_sizes)
-                    if tensor.untyped_storage().nbytes() != tensor.nbytes:
-                        tensor = tensor.clone()  # torch.save writes the whole storage, not just the view
-                    md = state_dict_metadata.setdefault(
-                        it.fqn, TensorStorageMetadata(TensorProperties(it.dtype), it.global_size, []))
-                    md.chunks.append(ChunkStorageMetadata(it.offsets, chunk_sizes))
-                    index = MetadataIndex(it.fqn, it.offsets, len(md.chunks) - 1)
-                    torch.save(tensor, f)
-                    del tensor  # the only reference: freed before the next one is made
-                f.wrote()
-                storage_data[index] = _StorageInfo(file, start, f.tell() - start)
+        for it in items:
+            if f is None or f.pos >= file_bytes:
+                if f is not None:
+                    f.close()
+                file = f"__0_{n_files}.distcp"
+                n_files += 1
+                f = bytecopy.OutputFile(ckpt_dir / file)
+            start = f.pos
+            if it.offsets is None:
+                state_dict_metadata[it.fqn] = BytesStorageMetadata()
+                index = MetadataIndex(it.fqn)
+                f.write(it.data)
+            else:
+                dtype = dtype_of(it.dtype).name
+                chunk_sizes = Size([1] * (len(it.offsets) - len(it.shape)) + list(it.shape))
+                md = state_dict_metadata.setdefault(
+                    it.fqn, TensorStorageMetadata(TensorProperties(torch_dtype(dtype)), Size(it.global_size), []))
+                md.chunks.append(ChunkStorageMetadata(Size(it.offsets), chunk_sizes))
+                index = MetadataIndex(it.fqn, it.offsets, len(md.chunks) - 1)
+                data = produce(it.name)
+                got = (tuple(data.shape), dtype_of(data.dtype).name)
+                if got != (tuple(it.shape), dtype):
+                    raise RuntimeError(f"{it.name}: produced {got[0]} {got[1]}, planned {tuple(it.shape)} {dtype}")
+                _write_record(f, data, chunk_sizes)
+                del data  # the only reference: freed before the next one is made
+            storage_data[index] = _StorageInfo(file, start, f.pos - start)
     finally:
         if f is not None:
             f.close()
     meta = Metadata(state_dict_metadata, storage_data=storage_data, version=DCP_VERSION,
                     storage_meta=StorageMeta(checkpoint_id=ckpt_dir, save_id=str(uuid.uuid4())))
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.DEFAULT_PROTOCOL, globals_map=_GLOBALS).dump(meta)
     tmp = ckpt_dir / (METADATA + ".tmp")
-    with open(tmp, "wb") as out:
-        _Pickler(out, protocol=pickle.DEFAULT_PROTOCOL).dump(meta)
-        out.flush()
-        os.fsync(out.fileno())
+    bytecopy.write_durably(tmp, buf.getvalue())
     os.replace(tmp, ckpt_dir / METADATA)
 
 
-class _SyncingFile(io.BufferedWriter):
-    """A file whose writeback runs in a background thread while writing goes on; `close` fsyncs it.
+def _write_record(f: bytecopy.OutputFile, data: Any, chunk_sizes: Size) -> None:
+    """One `torch.save` record of `data` (a Source or a torch tensor) with the chunk's shape."""
+    try:
+        head, tail = tensor_record(dtype_of(data.dtype).name, tuple(chunk_sizes))
+    except NeedsTorch:
+        f.write(_torch_save_bytes(data, chunk_sizes))
+        return
+    f.write(head)
+    if isinstance(data, bytecopy.Source):
+        for seg in data.segments:
+            f.copy(seg)
+    else:
+        f.write(_tensor_bytes(data))
+    f.write(tail)
 
-    `wrote()` (called between records) starts an `fdatasync` once `SYNC_BYTES` more have been written
-    and the previous one has finished; the thread only waits in the kernel.
-    """
 
-    def __init__(self, path: Path):
-        super().__init__(io.FileIO(path, "wb"), buffer_size=1024**2)
-        self._synced_to = 0
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch  # a tensor exists, so torch is already imported
 
-    def wrote(self) -> None:
-        if self.tell() - self._synced_to < SYNC_BYTES or (self._thread is not None and self._thread.is_alive()):
-            return
-        self.flush()
-        self._synced_to = self.tell()
-        self._thread = threading.Thread(target=self._sync, name="convert-writeback", daemon=True)
-        self._thread.start()
+    return memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
 
-    def _sync(self) -> None:
-        try:
-            os.fdatasync(self.fileno())
-        except BaseException as e:  # re-raised on the writing thread by close()
-            self._error = e
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            # `.metadata` is written after this; the data it points at must be on disk first.
-            self.flush()
-            if self._thread is not None:
-                self._thread.join()
-            if self._error is not None:
-                raise self._error
-            os.fsync(self.fileno())
-        finally:
-            super().close()
+def _torch_save_bytes(data: Any, chunk_sizes: Size) -> bytes:
+    """torch.save of one record the stand-in writer does not produce (4 GiB or more, float8, empty)."""
+    import torch
+    from torch.utils.serialization import config
+
+    if isinstance(data, bytecopy.Source):
+        tensor = torch.empty(numel(data.shape), dtype=getattr(torch, dtype_of(data.dtype).name))
+        raw = tensor.view(torch.uint8).numpy()
+        at = 0
+        for seg in data.segments:
+            at += os.preadv(bytecopy.SOURCES.fd(seg.path), [memoryview(raw)[at:at + seg.nbytes]], seg.offset)
+        data = tensor
+    tensor = data.detach().contiguous().reshape(tuple(chunk_sizes))
+    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+        tensor = tensor.clone()  # torch.save writes the whole storage, not just the view
+    buf = io.BytesIO()
+    with config.patch({"save.compute_crc32": False}):  # as the stand-in records: no reader checks it
+        torch.save(tensor, buf)
+    return buf.getvalue()

@@ -12,6 +12,11 @@ Each `Rule` ties one megatron-core GPTModel (local layer spec) parameter to the 
 output layer), so a streaming converter can read/write one rule at a time. `hf_to_megatron` and
 `megatron_to_hf` apply one rule; `*_state_dict` apply all of them to in-memory dicts (tests, weight sync).
 
+Every rule is a row-block permutation along dim 0 of row-major tensors (no arithmetic), so
+`row_blocks(rule, shape, rows)` states it as data: the fused tensor's rows, in order, as blocks of the
+HF parts' rows. `miles convert` moves exactly those byte ranges (bytecopy.py) and never needs torch;
+`split_blocks` is its inverse, derived from it, and tests check both against `fuse_qkv`/`torch.cat`.
+
 What it is not: a layer-spec-agnostic mapper. Names are those of megatron-core 0.16.1's local spec
 (`get_gpt_layer_local_spec`, SequentialMLP experts); TransformerEngine specs fuse norms into linears.
 """
@@ -103,6 +108,31 @@ def split_qkv(qkv: torch.Tensor, shape: ModelShape) -> tuple[torch.Tensor, torch
     grouped = qkv.reshape(g, (shape.heads_per_group + 2) * d, *rest)
     q, k, v = grouped.split([shape.heads_per_group * d, d, d], dim=1)
     return tuple(t.reshape(-1, *rest).contiguous() for t in (q, k, v))  # type: ignore[return-value]
+
+
+def row_blocks(rule: Rule, shape: ModelShape, part_rows: list[int]) -> list[tuple[int, int, int]]:
+    """The megatron tensor's rows in order, as (HF part index, first row, row count) blocks.
+
+    `part_rows` is dim 0 of each HF part. QKV: per query group, that group's query heads, its key
+    head, its value head; gate_up: gate then up; copy: the one part.
+    """
+    if rule.kind == "qkv":
+        d, hpg = shape.head_dim, shape.heads_per_group
+        blocks = []
+        for g in range(shape.num_query_groups):
+            blocks += [(0, g * hpg * d, hpg * d), (1, g * d, d), (2, g * d, d)]
+        return blocks
+    return [(i, 0, n) for i, n in enumerate(part_rows)]
+
+
+def split_blocks(rule: Rule, shape: ModelShape, part_rows: list[int]) -> list[list[tuple[int, int]]]:
+    """Inverse of `row_blocks`: for each HF part, its rows in order as (first row, count) of the megatron tensor."""
+    out: list[list[tuple[int, int]]] = [[] for _ in part_rows]
+    at = 0
+    for part, _first, n in row_blocks(rule, shape, part_rows):
+        out[part].append((at, n))  # row_blocks visits each part's rows in increasing order
+        at += n
+    return out
 
 
 def hf_to_megatron(rule: Rule, tensors: list[torch.Tensor], shape: ModelShape) -> torch.Tensor:

@@ -1,13 +1,20 @@
 """`run_convert`: the whole conversion, atomic and resumable-by-skip, with a rich progress bar.
 
 HF -> torch_dist: plan every megatron tensor (name, shape, dtype) from the config and the safetensors
-headers, then write `<tmp>/release/` (torch_dist.py), reading and mapping (mapping.py) each tensor's
-HF parts only when the writer reaches it, copy config/tokenizer files into `<tmp>/hf_assets/` (the
-default origin for the reverse conversion), write `latest_checkpointed_iteration.txt` = `release`
-LAST, then rename `<tmp>` to `--save`.
+headers, then write `<tmp>/release/` (torch_dist.py): each megatron tensor is its HF parts' byte
+ranges in the order mapping.row_blocks gives (QKV interleaved per query group, gate ‖ up), copied by
+the kernel (bytecopy.py) into a `torch.save` record (torch_format.py); copy config/tokenizer files
+into `<tmp>/hf_assets/` (the default origin for the reverse conversion), write
+`latest_checkpointed_iteration.txt` = `release` LAST, then rename `<tmp>` to `--save`.
 
-torch_dist -> HF: read one layer at a time, map back, stream into planned safetensors shards, copy
-config/tokenizer files, write `model.safetensors.index.json` LAST, rename.
+torch_dist -> HF: each HF tensor is a set of row blocks of one stored megatron tensor
+(mapping.split_blocks), copied the same way into planned safetensors shards; a tensor split over
+several stored chunks (a TP>1 training save) is assembled with torch instead. Copy config/tokenizer
+files, write `model.safetensors.index.json` LAST, rename.
+
+Neither direction imports torch for a checkpoint we wrote (tests/ckpt/test_convert_streaming.py), and
+no tensor passes through this process's memory. Durable: every file is fsynced before the file that
+says "complete" (tracker or index) is written, and the directories are fsynced around the rename.
 
 An interrupted run leaves only a hidden `.<name>.tmp-<host>-<pid>` directory, never something that
 looks complete; the next conversion to the same output on that host removes it. `prepare_torch_dist` is the sentinel-guarded step `miles full-train` calls.
@@ -19,16 +26,16 @@ import contextlib
 import glob
 import json
 import os
-import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from miles.ckpt.convert import bytecopy
 from miles.ckpt.convert.families import ModelShape, validate_megatron_args
 from miles.ckpt.convert.hf_io import HF_ASSET_FILES, INDEX, HFReader, ShardedSafetensorsWriter, read_hf_config
 from miles.ckpt.convert.layout import hf_shapes, megatron_shapes
-from miles.ckpt.convert.mapping import Rule, hf_to_megatron, megatron_to_hf, rules_for
+from miles.ckpt.convert.mapping import megatron_to_hf, row_blocks, rules_for, split_blocks
 from miles.ckpt.convert.torch_dist import TRACKER, PlannedTensor, TorchDistReader, resolve_checkpoint_dir, save_torch_dist
 from miles.config.convert import ConvertOptions
 from miles.errors import UserError
@@ -64,10 +71,14 @@ def run_convert(opts: ConvertOptions, *, progress: bool = True) -> Path:
             _hf_to_torch_dist(Path(opts.hf_checkpoint), tmp, opts, progress)
         else:
             _torch_dist_to_hf(Path(opts.load), tmp, opts, progress)
+        bytecopy.fsync_dir(tmp)
         _replace(tmp, out)
+        bytecopy.fsync_dir(out.parent)  # the rename itself
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        bytecopy.SOURCES.close()
     _print(f"wrote {out}")
     return out
 
@@ -127,7 +138,13 @@ def _copy_assets(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for name in HF_ASSET_FILES:
         if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
+            out = bytecopy.OutputFile(dst / name)
+            try:
+                out.copy(bytecopy.Segment(src / name, 0, (src / name).stat().st_size))
+            finally:
+                out.close()
+            shutil.copystat(src / name, dst / name)
+    bytecopy.fsync_dir(dst)
 
 
 def _shape(directory: Path, opts: ConvertOptions) -> ModelShape:
@@ -144,40 +161,23 @@ def _hf_to_torch_dist(src: Path, tmp: Path, opts: ConvertOptions, progress: bool
         for name, local_shape in megatron_shapes(shape).items():
             dtypes = {reader.dtype(n) for n in rules[name].hf}
             if len(dtypes) != 1:
-                raise UserError(f"{src}: {', '.join(rules[name].hf)} have different dtypes {sorted(map(str, dtypes))}; "
+                raise UserError(f"{src}: {', '.join(rules[name].hf)} have different dtypes {sorted(dtypes)}; "
                                 "they are fused into one megatron tensor, so convert them to one dtype first.")
             plan.append(PlannedTensor(name, local_shape, dtypes.pop()))
         total = sum(reader.nbytes(n) for r in rules.values() for n in r.hf)
         with _progress(progress, f"{src.name} -> torch_dist", len(plan), total) as advance:
-            def produce(name: str) -> Any:
-                parts = [reader.get(n) for n in rules[name].hf]
-                advance(1, sum(p.numel() * p.element_size() for p in parts))
-                return hf_to_megatron(rules[name], parts, shape)
+            def produce(name: str) -> bytecopy.Source:
+                rule = rules[name]
+                parts = [reader.source(n) for n in rule.hf]
+                fused = bytecopy.gather_rows(parts, row_blocks(rule, shape, [p.shape[0] for p in parts]))
+                advance(1, fused.nbytes)
+                return fused
 
             save_torch_dist(plan, produce, tmp / "release", shape)
     _copy_assets(src, tmp / ASSETS_DIR)
     record = {"from": "hf", "hf_checkpoint": str(src.absolute()), "architecture": shape.architecture}
-    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    (tmp / TRACKER).write_text("release")  # last: its presence is what "complete" means
-
-
-_GROUP = re.compile(r"^decoder\.layers\.\d+\.(mlp\.experts\.local_experts\.\d+\.)?")
-
-
-def _groups(rules: list[Rule]) -> Iterator[list[Rule]]:
-    """Consecutive rules of one layer (or one expert): what is read from torch_dist at once."""
-    batch: list[Rule] = []
-    key = None
-    for r in rules:
-        m = _GROUP.match(r.megatron)
-        k = m.group(0) if m else r.megatron
-        if batch and k != key:
-            yield batch
-            batch = []
-        batch.append(r)
-        key = k
-    if batch:
-        yield batch
+    bytecopy.write_durably(tmp / RECORD, (json.dumps(record, indent=2) + "\n").encode())
+    bytecopy.write_durably(tmp / TRACKER, b"release")  # last: its presence is what "complete" means
 
 
 def _torch_dist_to_hf(load: Path, tmp: Path, opts: ConvertOptions, progress: bool) -> None:
@@ -193,14 +193,22 @@ def _torch_dist_to_hf(load: Path, tmp: Path, opts: ConvertOptions, progress: boo
         plan = [(n, hf_shape_of[n], dtype) for r in rules for n in r.hf]
         writer = ShardedSafetensorsWriter(tmp, plan, opts.chunk_size)
         total = sum(s.size for s in writer.shards)
-        with _progress(progress, f"torch_dist -> {Path(opts.save).name}", len(rules), total) as advance:
-            for group in _groups(rules):
-                tensors = reader.read([r.megatron for r in group])
-                for r in group:
-                    parts = megatron_to_hf(r, tensors.pop(r.megatron), shape)
-                    for name, t in zip(r.hf, parts):
-                        writer.write(name, t)
-                    advance(1, sum(p.numel() * p.element_size() for p in parts))
+        try:
+            with _progress(progress, f"torch_dist -> {Path(opts.save).name}", len(rules), total) as advance:
+                for r in rules:
+                    whole = reader.source(r.megatron)
+                    if whole is None:
+                        # Several stored chunks (a TP>1 training save): assembled with torch.
+                        parts = megatron_to_hf(r, reader.read([r.megatron])[r.megatron], shape)
+                    else:
+                        blocks = split_blocks(r, shape, [hf_shape_of[n][0] for n in r.hf])
+                        parts = [bytecopy.take_rows(whole, b) for b in blocks]
+                    for name, part in zip(r.hf, parts):
+                        writer.write(name, part)
+                    advance(1, sum(p.nbytes for p in parts))
+        except BaseException:
+            writer.abort()
+            raise
     _copy_assets(origin, tmp)
     writer.write_index()  # last: the completion sentinel of an HF export
 

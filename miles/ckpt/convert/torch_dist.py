@@ -5,12 +5,15 @@
 objects, `metadata.json`, `common.pt`; see layout.py), asking `produce(name)` for each tensor only
 when its bytes are written. `TorchDistReader(ckpt_dir, shape)` reads tensors back one at a time.
 
-Memory: both directions hold one tensor at a time. megatron-core's own `dist_checkpointing.save`
-cannot: it stages the whole sharded state dict before its writer starts, and torch's
-`FileSystemWriter` keeps every tensor of a file alive until the file is closed. So the writer here
-is dcp_stream.py, which writes torch DCP's format item by item without importing
-`torch.distributed.checkpoint` (1.5-2.5 s of imports); a new `__0_N.distcp` file starts every
-`file_bytes`. Tests check that the `.metadata` index equals the one megatron-core's
+`TorchDistReader.source(name)` says where a tensor's bytes lie in the files (no torch) when one
+stored chunk holds it contiguously (any TP=1 save, ours included); `read` assembles any chunk layout
+with torch.
+
+Memory: both directions hold at most one tensor at a time, and `miles convert` none: megatron-core's
+own `dist_checkpointing.save` stages the whole sharded state dict before its writer starts, and
+torch's `FileSystemWriter` keeps every tensor of a file alive until the file is closed. So the writer
+here is dcp_stream.py, which writes torch DCP's format item by item without importing torch (its
+records are byte ranges copied by the kernel); a new `__0_N.distcp` file starts every `file_bytes`. Tests check that the `.metadata` index equals the one megatron-core's
 `dist_checkpointing.save` writes for the same tensors, and that `dist_checkpointing.load` reads the
 result into a GPTModel at TP1 and TP2. Converting does not import megatron-core at all (nor need its
 CPU patches); the tests use it as the oracle.
@@ -25,11 +28,13 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from miles.ckpt.convert import bytecopy
 from miles.ckpt.convert.families import ModelShape
 from miles.ckpt.convert.layout import ShardedKey, extra_state_keys, megatron_shapes, sharded_key
 from miles.ckpt.convert.mapping import rules_for
+from miles.ckpt.convert.torch_format import NotPlain, dtype_of, numel, object_record, read_tensor_record
 from miles.errors import UserError
 
 if TYPE_CHECKING:
@@ -55,36 +60,37 @@ class PlannedTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: Any  # a dtype name ("float32") or a torch.dtype
 
 
-def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], torch.Tensor], ckpt_dir: Path,
+def save_torch_dist(plan: Sequence[PlannedTensor], produce: Callable[[str], Any], ckpt_dir: Path,
                     shape: ModelShape, *, file_bytes: int = FILE_BYTES) -> None:
-    """Write a torch_dist checkpoint into `ckpt_dir` (created if missing), one tensor in memory at a time.
+    """Write a torch_dist checkpoint into `ckpt_dir` (created if missing), one tensor at a time.
 
-    `produce(name)` is called once per planned tensor, in plan order, and must return a tensor of
-    the planned shape and dtype; it is dropped as soon as its bytes are on disk.
+    `produce(name)` is called once per planned tensor, in plan order, and must return the planned
+    shape and dtype: a `bytecopy.Source` (file ranges the kernel copies) or a torch tensor (dropped as
+    soon as its bytes are written). Every file is on disk before `metadata.json`, the marker of a
+    complete dist checkpoint, is written.
     """
-    import torch
-
     from miles.ckpt.convert import dcp_stream
 
     items: list[dcp_stream.Item] = []
     for p in plan:
         sk = sharded_key(p.name, shape)
         # One chunk per tensor, as megatron-core's translation produces: a stacked key gets one per layer.
-        items.append(dcp_stream.Item(sk.key, torch.Size([o for _, o, _ in sk.prepend] + [0] * len(p.shape)),
-                                     torch.Size([n for _, _, n in sk.prepend] + list(p.shape)), p.name, p.shape, p.dtype))
-    empty = io.BytesIO()
-    torch.save([None], empty)  # megatron-core stores a ShardedObject as torch.save([data])
+        items.append(dcp_stream.Item(sk.key, tuple([o for _, o, _ in sk.prepend] + [0] * len(p.shape)),
+                                     tuple([n for _, _, n in sk.prepend] + list(p.shape)), p.name, tuple(p.shape), p.dtype))
+    empty = object_record([None])  # megatron-core stores a ShardedObject as torch.save([data])
     for sk in extra_state_keys(rules_for(shape), shape):
         # The local spec's linear layers have an `_extra_state` of None, stored under its unique key.
-        items.append(dcp_stream.Item(sharded_object_key(sk), data=empty.getvalue()))
+        items.append(dcp_stream.Item(sharded_object_key(sk), data=empty))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     dcp_stream.save(items, produce, ckpt_dir, file_bytes)
-    torch.save({}, ckpt_dir / COMMON_STATE)  # what megatron-core saves for a state dict with no common part
+    # What megatron-core saves for a state dict with no common part: torch.save({}).
+    bytecopy.write_durably(ckpt_dir / COMMON_STATE, object_record({}, archive=COMMON_STATE.removesuffix(".pt")))
     # Last: megatron-core's marker that the directory is a complete dist checkpoint.
-    (ckpt_dir / CONFIG).write_text(json.dumps(MEGATRON_CONFIG))
+    bytecopy.write_durably(ckpt_dir / CONFIG, json.dumps(MEGATRON_CONFIG).encode())
+    bytecopy.fsync_dir(ckpt_dir)
 
 
 def sharded_object_key(sk: ShardedKey) -> str:
@@ -132,11 +138,14 @@ class TorchDistReader:
         if backend != "torch_dist":
             raise UserError(f"{self.ckpt_dir} is a {backend} checkpoint; miles convert reads torch_dist only.")
         self.metadata = read_metadata(self.ckpt_dir)
+        self._files: dict[str, Any] = {}
         self._check_metadata()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def _check_metadata(self) -> None:
         stored = {k: tuple(v.size) for k, v in self.metadata.state_dict_metadata.items() if hasattr(v, "chunks")}
@@ -154,8 +163,49 @@ class TorchDistReader:
                 f"{shown}; pass the --origin-hf-dir this checkpoint was converted from."
             )
 
-    def stored_dtype(self) -> torch.dtype:
-        return self.metadata.state_dict_metadata["embedding.word_embeddings.weight"].properties.dtype
+    def stored_dtype(self) -> str:
+        """The dtype name ("bfloat16") of the stored embedding."""
+        return dtype_of(self.metadata.state_dict_metadata["embedding.word_embeddings.weight"].properties.dtype).name
+
+    def source(self, name: str) -> bytecopy.Source | None:
+        """Where tensor `name`'s bytes lie, when one stored chunk holds them contiguously; else None.
+
+        True of every tensor of a TP=1 save (ours) and of a vocabulary padded at the end; a tensor
+        split over several chunks (a TP>1 training save) needs `read`, which imports torch.
+        """
+        sk = sharded_key(name, self.shape)
+        meta = self.metadata.state_dict_metadata[sk.key]
+        want = self.shapes[name]
+        lo = [p[1] for p in sk.prepend] + [0] * len(want)
+        dims = [1] * len(sk.prepend) + list(want)
+        for chunk in meta.chunks:
+            c_lo, c_sz = list(chunk.offsets), list(chunk.sizes)
+            rel = [a - c for a, c in zip(lo, c_lo)]
+            if any(r < 0 or r + d > s for r, d, s in zip(rel, dims, c_sz)):
+                continue
+            # The region is contiguous in the chunk's row-major bytes when, past its first dimension
+            # longer than 1, it spans whole dimensions.
+            k = next((i for i, d in enumerate(dims) if d != 1), len(dims) - 1)
+            if any(rel[i] != 0 or dims[i] != c_sz[i] for i in range(k + 1, len(dims))):
+                return None
+            info = self.metadata.storage_data[_metadata_index(sk.key, chunk.offsets)]
+            if getattr(info, "transform_descriptors", None):
+                return None
+            path = self.ckpt_dir / info.relative_path
+            f = self._files.get(info.relative_path) or self._files.setdefault(info.relative_path, open(path, "rb"))
+            try:
+                loc = read_tensor_record(f, info.offset, info.length)
+            except NotPlain:
+                return None
+            if loc.shape != tuple(c_sz):
+                return None
+            stride, first = 1, 0
+            for r, s in zip(reversed(rel), reversed(c_sz)):
+                first += r * stride
+                stride *= s
+            seg = bytecopy.Segment(path, loc.offset + first * loc.dtype.itemsize, numel(dims) * loc.dtype.itemsize)
+            return bytecopy.Source(loc.dtype.name, tuple(want), (seg,))
+        return None
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:
         return {n: self._read_one(n) for n in names}
@@ -175,7 +225,7 @@ class TorchDistReader:
             if list(chunk.offsets) == lo and [o + s for o, s in zip(chunk.offsets, chunk.sizes)] == hi:
                 # Stored exactly as requested (a TP=1 save, e.g. ours): no assembly buffer, no copy.
                 return self._load_chunk(sk.key, chunk).reshape(self.shapes[name])
-        out = torch.empty(self.shapes[name], dtype=meta.properties.dtype)
+        out = torch.empty(self.shapes[name], dtype=_torch_dtype(meta.properties.dtype))
         view = out.reshape([1] * len(sk.prepend) + list(self.shapes[name]))
         covered = 0
         for chunk in meta.chunks:
@@ -196,7 +246,7 @@ class TorchDistReader:
         import torch
 
         rows = self.shapes[name][0]
-        out = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        out = torch.empty(tuple(meta.size), dtype=_torch_dtype(meta.properties.dtype))
         for chunk in meta.chunks:
             out[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))] = self._load_chunk(key, chunk)
         return out[:rows].clone()
@@ -204,9 +254,7 @@ class TorchDistReader:
     def _load_chunk(self, key: str, chunk) -> torch.Tensor:
         import torch
 
-        from miles.ckpt.convert.dcp_stream import MetadataIndex
-
-        info = self.metadata.storage_data[MetadataIndex(key, chunk.offsets)]
+        info = self.metadata.storage_data[_metadata_index(key, chunk.offsets)]
         if getattr(info, "transform_descriptors", None):
             raise NotImplementedError(f"{key}: DCP storage transforms {info.transform_descriptors} are not supported")
         # torch.load reads the record straight from the file into the tensor: no bytes copy in between.
@@ -215,6 +263,18 @@ class TorchDistReader:
 
 
 _VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _metadata_index(key: str, offsets) -> Any:
+    from miles.ckpt.convert.dcp_stream import MetadataIndex
+
+    return MetadataIndex(key, offsets)
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    import torch
+
+    return getattr(torch, dtype_of(dtype).name)
 
 
 def _padded_vocab(key: str, stored: tuple[int, ...], expected: tuple[int, ...]) -> bool:
