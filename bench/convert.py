@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -80,10 +81,10 @@ def peak_rss() -> int:
 
 
 def timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and the peak RSS in bytes the child reports on its last stdout line (0 for cp)."""
+    """Wall seconds and the peak RSS in bytes the child reports on its last stdout line (0 if none)."""
     t = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800).stdout.split()
-    return time.perf_counter() - t, int(out[-1]) if out else 0
+    return time.perf_counter() - t, int(out[-1]) if out and out[-1].isdigit() else 0
 
 
 def child(args: list[str]) -> None:
@@ -91,6 +92,12 @@ def child(args: list[str]) -> None:
     from miles.config.convert import ConvertOptions
 
     src, dst, direction = args
+    if direction.endswith("_nosync"):
+        # What durability costs: the same conversion with every fsync/fdatasync skipped (bench only).
+        from miles.ckpt.convert import bytecopy
+
+        bytecopy.DURABLE = False
+        direction = direction.removesuffix("_nosync")
     if direction == "to_td":
         run_convert(ConvertOptions(hf_checkpoint=src, save=dst), progress=False)
     elif direction == "to_td_megatron":
@@ -148,16 +155,28 @@ def main() -> None:
     largest = make_checkpoint(root / "hf", a.size_gb)
     total = sum(f.stat().st_size for f in (root / "hf").glob("*.safetensors"))
     me = [sys.executable, __file__, "--child"]
-    runs: dict[str, list[tuple[float, int]]] = {"cp": [], "start-up": [], "to_td": [], "to_td_megatron": [], "to_hf": []}
-    for _ in range(a.repeats):
-        for d in ("hf_copy", "td", "td_megatron", "back"):
+    cli = [sys.executable, "-m", "miles_cli.main", "convert"]
+    runs: dict[str, list[tuple[float, int]]] = {k: [] for k in (
+        "cp", "start-up", "to_td", "to_td_nosync", "cli", "to_td_megatron", "to_hf", "to_hf_nosync")}
+
+    def step(key: str, cmd: list[str], *clean: str) -> None:
+        for d in clean:
             shutil.rmtree(root / d, ignore_errors=True)
-        runs["cp"].append(timed(["cp", "-r", str(root / "hf"), str(root / "hf_copy")]))
-        runs["start-up"].append(timed([sys.executable, __file__, "--idle"]))
-        runs["to_td"].append(timed(me + [str(root / "hf"), str(root / "td"), "to_td"]))
+        # Each step starts with nothing left to write back from the one before (cp does not fsync,
+        # and its dirty pages would otherwise be flushed during the next step).
+        os.sync()
+        runs[key].append(timed(cmd))
+
+    for _ in range(a.repeats):
+        step("cp", ["cp", "-r", str(root / "hf"), str(root / "hf_copy")], "hf_copy")
+        step("start-up", [sys.executable, __file__, "--idle"])
+        step("to_td", me + [str(root / "hf"), str(root / "td"), "to_td"], "td")
+        step("to_td_nosync", me + [str(root / "hf"), str(root / "td_nosync"), "to_td_nosync"], "td_nosync")
+        step("cli", cli + ["--hf-checkpoint", str(root / "hf"), "--save", str(root / "td_cli")], "td_cli")
         if not a.skip_megatron:
-            runs["to_td_megatron"].append(timed(me + [str(root / "hf"), str(root / "td_megatron"), "to_td_megatron"]))
-        runs["to_hf"].append(timed(me + [str(root / "td"), str(root / "back"), "to_hf"]))
+            step("to_td_megatron", me + [str(root / "hf"), str(root / "td_megatron"), "to_td_megatron"], "td_megatron")
+        step("to_hf", me + [str(root / "td"), str(root / "back"), "to_hf"], "back")
+        step("to_hf_nosync", me + [str(root / "td"), str(root / "back_nosync"), "to_hf_nosync"], "back_nosync")
     med = {k: (statistics.median(t for t, _ in v), max(r for _, r in v)) for k, v in runs.items() if v}
     cp_s = med["cp"][0]
     start_s, base_rss = med["start-up"]
@@ -166,19 +185,26 @@ def main() -> None:
         return (f"{label:<34}{s:6.2f} s {s / cp_s:5.2f}x cp  minus start-up {max(s - start_s, 0) / cp_s:5.2f}x   "
                 f"peak RSS {rss / 1e9:.2f} GB, above idle {(rss - base_rss) / 1e9:.2f} GB = {(rss - base_rss) / largest:4.1f}x largest tensor")
 
-    print(f"checkpoint: {total / 1e9:.2f} GB in safetensors, largest tensor {largest / 1e6:.0f} MB; medians of {a.repeats} interleaved runs")
+    load = os.getloadavg()
+    print(f"checkpoint: {total / 1e9:.2f} GB in safetensors, largest tensor {largest / 1e6:.0f} MB; medians of {a.repeats} interleaved runs; "
+          f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     print(f"{'cp -r (time baseline)':<34}{cp_s:6.2f} s  1.00x")
     print(f"{'start-up (imports only)':<34}{start_s:6.2f} s {start_s / cp_s:5.2f}x cp   peak RSS {base_rss / 1e9:.2f} GB (the idle baseline)")
     print(row("hf -> torch_dist (streaming)", *med["to_td"]))
+    print(f"{'  same, no fsync (bench only)':<34}{med['to_td_nosync'][0]:6.2f} s {med['to_td_nosync'][0] / cp_s:5.2f}x cp")
+    print(f"{'  same, `miles convert` CLI':<34}{med['cli'][0]:6.2f} s {med['cli'][0] / cp_s:5.2f}x cp")
     if "to_td_megatron" in med:
         print(row("hf -> torch_dist (megatron save)", *med["to_td_megatron"]))
     print(row("torch_dist -> hf", *med["to_hf"]))
+    print(f"{'  same, no fsync (bench only)':<34}{med['to_hf_nosync'][0]:6.2f} s {med['to_hf_nosync'][0] / cp_s:5.2f}x cp")
     if a.json:
         td_s, td_rss = med["to_td"]
         rss_goal = largest + 1e9
         a.json.write_text(json.dumps({"bench": "convert", "rows": [
             {"what": f"convert HF->torch_dist vs cp ({total / 1e9:.2f} GB)", "value": td_s / cp_s, "unit": "x cp", "goal": "<= 3", "met": td_s / cp_s <= 3},
             {"what": "  same, minus interpreter start-up", "value": max(td_s - start_s, 0) / cp_s, "unit": "x cp", "goal": "", "met": None},
+            {"what": "  same, without fsync (cp does not fsync)", "value": med["to_td_nosync"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
+            {"what": "  same, through the `miles convert` CLI", "value": med["cli"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
             {"what": "convert peak RSS above idle vs largest tensor + 1 GB", "value": (td_rss - base_rss) / rss_goal, "unit": "x budget",
              "goal": "<= 1", "met": td_rss - base_rss <= rss_goal},
         ], "seconds": {k: v[0] for k, v in med.items()}}, indent=2))

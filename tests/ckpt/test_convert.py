@@ -59,6 +59,30 @@ def test_fuse_qkv_interleaves_per_query_group():
     assert [t.tolist() for t in split_qkv(fused, shape)] == [q.tolist(), k.tolist(), v.tolist()]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_row_blocks_are_the_torch_mapping(family):
+    # The converter moves bytes by these row blocks; on row-numbered tensors they must give exactly
+    # the rows fuse_qkv / torch.cat give, and split_blocks must invert them.
+    from _mp_models import hf_config
+    from miles.ckpt.convert.families import ARCHITECTURES
+    from miles.ckpt.convert.layout import hf_shapes
+    from miles.ckpt.convert.mapping import hf_to_megatron, row_blocks, rules_for, split_blocks
+
+    arch = {f: a for a, f in ARCHITECTURES.items()}[family]
+    shape = ModelShape.from_hf_config(hf_config(family).to_dict() | {"architectures": [arch]})
+    hf = hf_shapes(shape)
+    kinds = set()
+    for rule in rules_for(shape):
+        rows = [hf[n][0] for n in rule.hf]
+        parts = [torch.arange(r, dtype=torch.float64) + 1000 * i for i, r in enumerate(rows)]  # part i, row j -> 1000 i + j
+        expected = hf_to_megatron(rule, parts, shape).tolist()
+        assert [1000 * p + first + k for p, first, n in row_blocks(rule, shape, rows) for k in range(n)] == expected, rule
+        for i, blocks in enumerate(split_blocks(rule, shape, rows)):
+            assert [expected[a + k] for a, n in blocks for k in range(n)] == parts[i].tolist(), rule
+        kinds.add(rule.kind)
+    assert kinds >= {"copy", "qkv", "gate_up"}
+
+
 def test_complete_output_is_skipped_unless_force(tmp_path, capsys):
     make_hf_model("qwen3", tmp_path / "hf")
     opts = ConvertOptions(hf_checkpoint=str(tmp_path / "hf"), save=str(tmp_path / "td"))

@@ -10,9 +10,12 @@ a list of byte ranges of the inputs. This module moves those ranges:
 - `OutputFile(path)`: a sequential writer on a raw descriptor. `copy(segment)` uses
   `os.copy_file_range` (the page cache copies to the page cache; no byte passes through this process,
   like coreutils `cp`), falling back to `os.sendfile` and then to `pread`/`write` where a file system
-  refuses. Every `SYNC_BYTES` a background thread starts `fdatasync`, so writeback overlaps the
-  copying; `close()` waits for it and `fsync`s, so the data is on disk before the caller writes the
-  index that points at it.
+  refuses. Every `SYNC_BYTES` it asks the kernel to start writing the new range back
+  (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which does not wait; where libc lacks it, a background
+  thread runs `fdatasync`), so writeback overlaps the copying; `close()` `fsync`s, so the data is on
+  disk before the caller writes the index that points at it. Measured on the 1 GB benchmark: the
+  closing fsync alone (no early writeback) cost 1.3 s over no fsync at all, the background fdatasync
+  every 64-256 MiB 0.4-0.5 s, sync_file_range every 32 MiB 0.2 s.
 
 Not meant to be run on its own; tests/ckpt/test_bytecopy.py checks each copy method bit for bit.
 """
@@ -21,13 +24,18 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-# Bytes written between background fdatasync calls: rare enough to cost nothing, frequent enough that
-# the closing fsync has little left to wait for.
-SYNC_BYTES = 256 * 1024**2
+# bench/convert.py turns this off in its own child process to measure what durability costs; nothing
+# else does (a conversion whose tracker can point at data still in the page cache is not durable).
+DURABLE = True
+# Bytes written between requests to start writeback: large enough to be few calls, small enough that
+# the disk is busy from the start and the closing fsync has little left to wait for.
+SYNC_BYTES = 32 * 1024**2
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>
 _CHUNK = 1 << 30  # the most one copy_file_range/sendfile call is asked to move
 _BUF = 8 * 1024**2  # the pread/write fallback's buffer
 # copy_file_range -> sendfile -> readwrite: the first method that works, remembered per process.
@@ -135,7 +143,14 @@ class OutputFile:
             view = view[os.write(self.fd, view):]
 
     def _maybe_sync(self) -> None:
-        if self.pos - self._synced_to < SYNC_BYTES or (self._thread is not None and self._thread.is_alive()):
+        if not DURABLE or self.pos - self._synced_to < SYNC_BYTES:
+            return
+        start_writeback = _sync_file_range()
+        if start_writeback is not None:
+            if start_writeback(self.fd, self._synced_to, self.pos - self._synced_to, _SYNC_FILE_RANGE_WRITE) == 0:
+                self._synced_to = self.pos
+                return
+        if self._thread is not None and self._thread.is_alive():
             return
         self._synced_to = self.pos
         self._thread = threading.Thread(target=self._sync, name="convert-writeback", daemon=True)
@@ -155,7 +170,7 @@ class OutputFile:
                 self._thread.join()
             if self._error is not None:
                 raise self._error
-            if sync:
+            if sync and DURABLE:
                 # The index written after this points at these bytes: they must be on disk first.
                 os.fsync(self.fd)
         finally:
@@ -163,8 +178,30 @@ class OutputFile:
             self.fd = -1
 
 
+_SFR: list = []
+
+
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    if not _SFR:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _SFR.append(fn)
+    return _SFR[0]
+
+
 def fsync_dir(path: Path) -> None:
     """Make the entries of directory `path` (new files, renames) durable."""
+    if not DURABLE:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -127,11 +127,17 @@ def row_blocks(rule: Rule, shape: ModelShape, part_rows: list[int]) -> list[tupl
 
 def split_blocks(rule: Rule, shape: ModelShape, part_rows: list[int]) -> list[list[tuple[int, int]]]:
     """Inverse of `row_blocks`: for each HF part, its rows in order as (first row, count) of the megatron tensor."""
-    out: list[list[tuple[int, int]]] = [[] for _ in part_rows]
+    placed: list[list[tuple[int, int, int]]] = [[] for _ in part_rows]
     at = 0
-    for part, _first, n in row_blocks(rule, shape, part_rows):
-        out[part].append((at, n))  # row_blocks visits each part's rows in increasing order
+    for part, first, n in row_blocks(rule, shape, part_rows):
+        placed[part].append((first, at, n))
         at += n
+    out = []
+    for rows, blocks in zip(part_rows, placed):
+        blocks.sort()
+        if [b[0] for b in blocks] != [sum(b[2] for b in blocks[:i]) for i in range(len(blocks))] or sum(b[2] for b in blocks) != rows:
+            raise ValueError(f"{rule.megatron}: row blocks do not cover each part exactly once")
+        out.append([(a, n) for _, a, n in blocks])
     return out
 
 

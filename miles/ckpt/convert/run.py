@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,5 @@ def _progress(enabled: bool, title: str, n_tensors: int, n_bytes: int):
 
 
 def _print(message: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(message)
+    # Plain text: a path is not rich markup ("[...]" in a directory name would be eaten).
+    print(message, file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ float8 and empty tensors); the caller then uses torch itself for that one tensor
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
@@ -112,7 +113,10 @@ def torch_dtype(name: str) -> TorchName:
     return torch_name("torch", dtype_of(name).name)
 
 
-_SIZE = torch_name("torch", "Size")
+# pickle memoizes a global's module string by identity: torch.Size's __module__ is another "torch"
+# object than the sys.modules key a dtype's module is found under, so torch's pickles spell "torch" out
+# again at the first Size. A distinct string object here does the same (the test compares bytes).
+_SIZE = TorchName("".join(("tor", "ch")), "Size")
 _GET_LAYOUT = torch_name("torch.serialization", "_get_layout")
 _REBUILD = torch_name("torch._utils", "_rebuild_tensor_v2")
 
@@ -309,7 +313,12 @@ class _Tensor:
 
 def tensor_record(dtype: Any, shape: tuple[int, ...]) -> tuple[bytes, bytes]:
     """(head, tail) of `torch.save(contiguous tensor)` with CRC-32 off; the raw data goes between them."""
-    dt = dtype_of(dtype)
+    return _tensor_record(dtype_of(dtype).name, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1024)  # a model has a handful of distinct tensor shapes, repeated per layer
+def _tensor_record(dtype: str, shape: tuple[int, ...]) -> tuple[bytes, bytes]:
+    dt = DTYPES[dtype]
     if dt.storage is None:
         raise NeedsTorch(f"torch.save pickles {dt.name} storages in a form not written here")
     if numel(shape) == 0:
