@@ -4,15 +4,19 @@
     python bench/convert.py --tiny            # a few MB, seconds: the smoke test's size
 
 Times are medians of `--repeats` interleaved runs (cp, then each conversion, per repeat), because a
-shared machine's noise moves single runs by 2x. "start-up" is the wall time of a fresh interpreter
-that only imports what a conversion imports (torch, safetensors, the converter): a fixed cost every
-conversion pays, whatever the size; the "minus start-up" ratio is the per-byte speed against cp.
+shared machine's noise moves single runs by 2x; `sync` runs before each step (untimed), so no step
+pays for writing back the one before (cp never fsyncs). "start-up" is the wall time of a fresh
+interpreter that only imports what a conversion imports (the converter; not torch, which converting
+does not import): a fixed cost every conversion pays, whatever the size; the "minus start-up" ratio
+is the per-byte speed against cp. The load average is printed with the numbers.
 
 Creates a random Qwen3-shaped HF checkpoint (written tensor by tensor, never a whole model in memory),
 then in the same run measures: `cp -r` of the same bytes (the time baseline), HF -> torch_dist with
-the streaming writer, the same conversion through megatron-core's own `dist_checkpointing.save` of the
-whole mapped state dict (the memory baseline: what the converter did before streaming), and
-torch_dist -> HF. Each runs in a fresh subprocess and reports its own peak RSS (VmHWM: unlike ru_maxrss,
+the streaming writer (as `run_convert` in a fresh interpreter, and as the `miles convert` command),
+the same with every fsync skipped (what durability costs: cp does not fsync; `bytecopy.DURABLE` is
+switched off in that child only), the same conversion through megatron-core's own
+`dist_checkpointing.save` of the whole mapped state dict (the memory baseline: what the converter did
+before streaming), and torch_dist -> HF (with and without fsync). Each runs in a fresh subprocess and reports its own peak RSS (VmHWM: unlike ru_maxrss,
 it is not inherited from the forking parent across exec); megatron-core's
 writer helper process is not counted, so its row is a lower bound. `--skip-megatron` drops that row.
 "above idle" subtracts the peak RSS of an interpreter that only imported what the conversion imports.
@@ -203,10 +207,11 @@ def main() -> None:
         a.json.write_text(json.dumps({"bench": "convert", "rows": [
             {"what": f"convert HF->torch_dist vs cp ({total / 1e9:.2f} GB)", "value": td_s / cp_s, "unit": "x cp", "goal": "<= 3", "met": td_s / cp_s <= 3},
             {"what": "  same, minus interpreter start-up", "value": max(td_s - start_s, 0) / cp_s, "unit": "x cp", "goal": "", "met": None},
-            {"what": "  same, without fsync (cp does not fsync)", "value": med["to_td_nosync"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
-            {"what": "  same, through the `miles convert` CLI", "value": med["cli"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
             {"what": "convert peak RSS above idle vs largest tensor + 1 GB", "value": (td_rss - base_rss) / rss_goal, "unit": "x budget",
              "goal": "<= 1", "met": td_rss - base_rss <= rss_goal},
+            {"what": "convert HF->torch_dist without fsync (cp does not fsync)", "value": med["to_td_nosync"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
+            {"what": "convert HF->torch_dist through the `miles convert` CLI", "value": med["cli"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
+            {"what": "convert torch_dist->HF vs cp", "value": med["to_hf"][0] / cp_s, "unit": "x cp", "goal": "", "met": None},
         ], "seconds": {k: v[0] for k, v in med.items()}}, indent=2))
 
 

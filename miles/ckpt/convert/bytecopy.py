@@ -103,7 +103,9 @@ class OutputFile:
         self._error: BaseException | None = None
 
     def write(self, data) -> None:
-        view = memoryview(data).cast("B")
+        view = memoryview(data)
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
         while view:
             n = os.write(self.fd, view)
             view = view[n:]
