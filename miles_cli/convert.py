@@ -1,7 +1,7 @@
 """`miles convert`: Hugging Face safetensors ⇄ megatron-core torch_dist checkpoints.
 
 Options come from `miles.config.convert.ConvertOptions`; the work is `miles.ckpt.convert.run_convert`,
-imported only when the command runs (it needs torch and megatron-core).
+imported only when the command runs (it imports neither torch nor megatron-core: docs/convert.md).
 """
 
 from __future__ import annotations
