@@ -244,7 +244,8 @@ def _byte_range(src: Source, start: int, n: int) -> list[Segment]:
     return out
 
 
-def _merged(segments: list[Segment]) -> tuple[Segment, ...]:
+def merged(segments: list[Segment]) -> tuple[Segment, ...]:
+    """The same bytes in as few ranges as possible (adjacent ranges of one file joined)."""
     out: list[Segment] = []
     for s in segments:
         if out and out[-1].path == s.path and out[-1].offset + out[-1].nbytes == s.offset:
@@ -263,7 +264,7 @@ def gather_rows(parts: list[Source], blocks: list[tuple[int, int, int]]) -> Sour
     for part, first, n in blocks:
         segs += _byte_range(parts[part], first * row, n * row)
     rows = sum(n for _, _, n in blocks)
-    return Source(parts[0].dtype, (rows, *parts[0].shape[1:]), _merged(segs))
+    return Source(parts[0].dtype, (rows, *parts[0].shape[1:]), merged(segs))
 
 
 def take_rows(src: Source, blocks: list[tuple[int, int]]) -> Source:
@@ -272,5 +273,5 @@ def take_rows(src: Source, blocks: list[tuple[int, int]]) -> Source:
     segs: list[Segment] = []
     for first, n in blocks:
         segs += _byte_range(src, first * row, n * row)
-    return Source(src.dtype, (sum(n for _, n in blocks), *src.shape[1:]), _merged(segs))
+    return Source(src.dtype, (sum(n for _, n in blocks), *src.shape[1:]), merged(segs))
 

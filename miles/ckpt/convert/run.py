@@ -8,9 +8,10 @@ into `<tmp>/hf_assets/` (the default origin for the reverse conversion), write
 `latest_checkpointed_iteration.txt` = `release` LAST, then rename `<tmp>` to `--save`.
 
 torch_dist -> HF: each HF tensor is a set of row blocks of one stored megatron tensor
-(mapping.split_blocks), copied the same way into planned safetensors shards; a tensor split over
-several stored chunks (a TP>1 training save) is assembled with torch instead. Copy config/tokenizer
-files, write `model.safetensors.index.json` LAST, rename.
+(mapping.split_blocks), itself byte ranges of its stored chunks whatever TP layout wrote them
+(TorchDistReader.source), copied the same way into planned safetensors shards; only a record that
+is not a plain `torch.save`d tensor is read with torch. Copy config/tokenizer files, write
+`model.safetensors.index.json` LAST, rename.
 
 Neither direction imports torch for a checkpoint we wrote (tests/ckpt/test_convert_streaming.py), and
 no tensor passes through this process's memory. Durable: every file is fsynced before the file that
@@ -199,7 +200,7 @@ def _torch_dist_to_hf(load: Path, tmp: Path, opts: ConvertOptions, progress: boo
                 for r in rules:
                     whole = reader.source(r.megatron)
                     if whole is None:
-                        # Several stored chunks (a TP>1 training save): assembled with torch.
+                        # A record that is not a plain torch.save'd tensor: read with torch.
                         parts = megatron_to_hf(r, reader.read([r.megatron])[r.megatron], shape)
                     else:
                         blocks = split_blocks(r, shape, [hf_shape_of[n][0] for n in r.hf])

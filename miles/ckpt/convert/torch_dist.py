@@ -5,9 +5,9 @@
 objects, `metadata.json`, `common.pt`; see layout.py), asking `produce(name)` for each tensor only
 when its bytes are written. `TorchDistReader(ckpt_dir, shape)` reads tensors back one at a time.
 
-`TorchDistReader.source(name)` says where a tensor's bytes lie in the files (no torch) when one
-stored chunk holds it contiguously (any TP=1 save, ours included); `read` assembles any chunk layout
-with torch.
+`TorchDistReader.source(name)` says where a tensor's bytes lie in the files, as byte ranges (no
+torch), whatever TP layout wrote the chunks; `read` assembles the tensor with torch (the megatron
+trainer's loader).
 
 Memory: both directions hold at most one tensor at a time, and `miles convert` none: megatron-core's
 own `dist_checkpointing.save` stages the whole sharded state dict before its writer starts, and
@@ -25,6 +25,7 @@ one process and writes whole (TP=1) tensors; megatron-core slices them at load t
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,44 +169,64 @@ class TorchDistReader:
         return dtype_of(self.metadata.state_dict_metadata["embedding.word_embeddings.weight"].properties.dtype).name
 
     def source(self, name: str) -> bytecopy.Source | None:
-        """Where tensor `name`'s bytes lie, when one stored chunk holds them contiguously; else None.
+        """Where tensor `name`'s bytes lie in the files, in row-major order; None to use `read` instead.
 
-        True of every tensor of a TP=1 save (ours) and of a vocabulary padded at the end; a tensor
-        split over several chunks (a TP>1 training save) needs `read`, which imports torch.
+        Any chunk layout: a TP=1 save (ours) is one range per tensor, a vocabulary padded at the end a
+        prefix of one, a TP>1 save's column-parallel chunks a few ranges, its row-parallel chunks one
+        range per row and chunk. None only for records that are not plain `torch.save`d tensors.
         """
         sk = sharded_key(name, self.shape)
         meta = self.metadata.state_dict_metadata[sk.key]
-        want = self.shapes[name]
-        lo = [p[1] for p in sk.prepend] + [0] * len(want)
-        dims = [1] * len(sk.prepend) + list(want)
+        dims = [1] * len(sk.prepend) + list(self.shapes[name])
+        lo = [p[1] for p in sk.prepend] + [0] * len(self.shapes[name])
+        n = len(dims)
+        runs: list[tuple[int, bytecopy.Segment]] = []  # (byte offset in the requested tensor, where it lies)
+        dtype = None
         for chunk in meta.chunks:
             c_lo, c_sz = list(chunk.offsets), list(chunk.sizes)
-            rel = [a - c for a, c in zip(lo, c_lo)]
-            if any(r < 0 or r + d > s for r, d, s in zip(rel, dims, c_sz)):
+            a = [max(x, c) for x, c in zip(lo, c_lo)]
+            b = [min(x + d, c + s) for x, d, c, s in zip(lo, dims, c_lo, c_sz)]
+            if any(x >= y for x, y in zip(a, b)):
                 continue
-            # The region is contiguous in the chunk's row-major bytes when, past its first dimension
-            # longer than 1, it spans whole dimensions.
-            k = next((i for i, d in enumerate(dims) if d != 1), len(dims) - 1)
-            if any(rel[i] != 0 or dims[i] != c_sz[i] for i in range(k + 1, len(dims))):
+            loc = self._locate(sk.key, chunk)
+            if loc is None or loc.shape != tuple(c_sz) or (dtype is not None and loc.dtype != dtype):
                 return None
-            info = self.metadata.storage_data[_metadata_index(sk.key, chunk.offsets)]
-            if getattr(info, "transform_descriptors", None):
-                return None
-            path = self.ckpt_dir / info.relative_path
-            f = self._files.get(info.relative_path) or self._files.setdefault(info.relative_path, open(path, "rb"))
-            try:
-                loc = read_tensor_record(f, info.offset, info.length)
-            except NotPlain:
-                return None
-            if loc.shape != tuple(c_sz):
-                return None
-            stride, first = 1, 0
-            for r, s in zip(reversed(rel), reversed(c_sz)):
-                first += r * stride
-                stride *= s
-            seg = bytecopy.Segment(path, loc.offset + first * loc.dtype.itemsize, numel(dims) * loc.dtype.itemsize)
-            return bytecopy.Source(loc.dtype.name, tuple(want), (seg,))
-        return None
+            dtype = loc.dtype
+            ext = [y - x for x, y in zip(a, b)]
+            # Runs are contiguous in both the chunk and the request: the trailing dimensions that
+            # both span whole, and one more.
+            k = n - 1
+            while k > 0 and ext[k] == c_sz[k] == dims[k]:
+                k -= 1
+            run = numel(ext[k:]) * dtype.itemsize
+            c_stride, r_stride = _strides(c_sz), _strides(dims)
+            for idx in itertools.product(*(range(a[i], b[i]) for i in range(k))):
+                at = list(idx) + a[k:]
+                src = sum((p - c) * st for p, c, st in zip(at, c_lo, c_stride))
+                dst = sum((p - x) * st for p, x, st in zip(at, lo, r_stride))
+                runs.append((dst * dtype.itemsize, bytecopy.Segment(loc.path, loc.offset + src * dtype.itemsize, run)))
+        runs.sort(key=lambda r: r[0])
+        pos = 0
+        for dst, seg in runs:
+            if dst != pos:
+                return None  # a gap or an overlap: the stored chunks do not tile the tensor
+            pos += seg.nbytes
+        if dtype is None or pos != numel(dims) * dtype.itemsize:
+            return None
+        return bytecopy.Source(dtype.name, tuple(self.shapes[name]), bytecopy.merged([seg for _, seg in runs]))
+
+    def _locate(self, key: str, chunk) -> _Located | None:
+        info = self.metadata.storage_data[_metadata_index(key, chunk.offsets)]
+        if getattr(info, "transform_descriptors", None):
+            return None
+        path = self.ckpt_dir / info.relative_path
+        if info.relative_path not in self._files:
+            self._files[info.relative_path] = open(path, "rb")
+        try:
+            loc = read_tensor_record(self._files[info.relative_path], info.offset, info.length)
+        except NotPlain:
+            return None
+        return _Located(path, loc.dtype, loc.shape, loc.offset)
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:
         return {n: self._read_one(n) for n in names}
@@ -263,6 +284,22 @@ class TorchDistReader:
 
 
 _VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+@dataclass(frozen=True)
+class _Located:
+    path: Path
+    dtype: Any  # torch_format.DType
+    shape: tuple[int, ...]
+    offset: int
+
+
+def _strides(shape: list[int]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
 
 
 def _metadata_index(key: str, offsets) -> Any:
