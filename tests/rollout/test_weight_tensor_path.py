@@ -89,6 +89,33 @@ def test_a_payload_carries_handles_and_rebuilds_bit_exact_in_another_process():
     del flat, views
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here: this path did not run in CI)")
+def test_a_cuda_payload_names_the_gpu_by_uuid_and_rebuilds_bit_exact_in_another_process():
+    bucket = [(n, t.cuda()) for n, t in _bucket()]
+    flat, views = flatten_bucket(bucket)
+    payload = serialize_bucket(views)
+    seen = []
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+                return lambda *args: seen.append(args[6])
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(base64.b64decode(payload))).load()
+    assert seen and all(d == str(torch.cuda.get_device_properties(0).uuid) for d in seen)  # not the index 0
+    code = (
+        "import sys; from miles.rollout.engine.tensor_ipc import deserialize_payload\n"
+        "from miles.rollout.engine.base import weights_checksum\n"
+        "print(weights_checksum([(n, t.cpu()) for n, t in deserialize_payload(sys.stdin.read())]))"
+    )
+    fresh = serialize_bucket(views)  # the one above was consumed by the recorder
+    r = subprocess.run([sys.executable, "-c", code], input=fresh, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == weights_checksum([(n, t.cpu()) for n, t in bucket])
+    del flat, views
+
+
 class _Shell:
     def __reduce__(self):
         return (os.system, ("touch pwned",))

@@ -267,6 +267,7 @@ class TensorSender:
                 f"engine {far[0]} is on another one; use --update-weight-transfer-mode broadcast"
             )
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.urls)))
+        self._cuda = False
 
     def send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, weight_version: int | None = None) -> None:
         from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket
@@ -278,6 +279,7 @@ class TensorSender:
                 f"--update-weight-transfer-mode tensor sends CUDA IPC handles of the trainer's GPU, which only the one "
                 f"engine colocated with it can open, and this run has {len(self.urls)}; use --update-weight-transfer-mode broadcast"
             )
+        self._cuda = self._cuda or bucket[0][1].is_cuda
         flat, views = flatten_bucket(bucket)
         body = {"load_format": None, "flush_cache": False}
         if weight_version is not None:
@@ -300,6 +302,8 @@ class TensorSender:
 
         calls = [self._pool.submit(HttpEngine(url).flush_cache) for url in self.urls]
         _wait(calls, f"{len(self.urls)} engine(s) to flush their cache after a weight update", self.timeout_s)
+        if self._cuda:  # free the buffers the engines held by IPC as soon as they let go
+            torch.cuda.ipc_collect()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
