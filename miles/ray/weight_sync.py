@@ -60,16 +60,11 @@ def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, flo
             # One bucket in flight at a time: --update-weight-buffer-size bounds the memory it costs.
             ray.get(manager.load_weight_bucket.remote(bucket), timeout=600)
     elif mode == "tensor":
-        from miles.rollout.engine.weight_transport import TensorSender
-
-        sender = TensorSender(targets["urls"], tp_sizes=targets.get("tp_sizes"))
-        try:
-            for bucket in buckets:
-                sent += sum(t.numel() * t.element_size() for _, t in bucket)
-                sender.send_bucket(bucket, weight_version=version)
-            sender.finish()
-        finally:
-            sender.close()
+        sender = _tensor_sender(worker, targets["urls"], targets.get("tp_sizes"))
+        for bucket in buckets:
+            sent += sum(t.numel() * t.element_size() for _, t in bucket)
+            sender.send_bucket(bucket, weight_version=version)
+        sender.finish()
     elif mode == "broadcast":
         sender = _broadcast_sender(worker, targets["urls"])
         for bucket in buckets:
@@ -89,6 +84,19 @@ def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, flo
     else:
         raise ValueError(f"unknown weight transfer mode {mode!r}")
     return {"perf/weight_sync_bytes": float(sent), "perf/weight_sync_send_time": time.perf_counter() - t0}
+
+
+def _tensor_sender(worker, urls: list[str], tp_sizes: list[int] | None):
+    """Kept across updates (its bucket buffer is reused); rebuilt when the set of engines changes."""
+    from miles.rollout.engine.weight_transport import TensorSender
+
+    sender = getattr(worker, "_tensor_sender", None)
+    if sender is not None and (sender.urls, sender.tp_sizes) != (list(urls), list(tp_sizes or [1] * len(urls))):
+        sender.close()
+        sender = None
+    if sender is None:
+        sender = worker._tensor_sender = TensorSender(urls, tp_sizes=tp_sizes)
+    return sender
 
 
 def _broadcast_sender(worker, urls: list[str]):

@@ -176,7 +176,6 @@ def test_tensor_updates_leave_the_server_bit_identical_to_the_trainer_export(hf_
     for bucket in buckets:
         sender.send_bucket(bucket, weight_version=7)
     sender.finish()
-    sender.close()
     client.end_weight_update(7)
     client.continue_generation()
     assert client.get_weights_checksum() == want  # every bucket arrived, bit for bit
@@ -187,6 +186,19 @@ def test_tensor_updates_leave_the_server_bit_identical_to_the_trainer_export(hf_
         assert len(json.dumps(body)) < 0.05 * sum(t.numel() * t.element_size() for _, t in bucket)
     resp = client.submit(GenerateRequest([3, 4], SamplingParams(max_new_tokens=2), True)).result(60)
     assert resp.weight_version == 7
+    # The next sync reuses the sender's buffer (largest bucket first, so every later one overwrites it).
+    buffer = sender._buffer
+    again = _new_weights(hf_dir, 0.04)
+    client.pause_generation()
+    client.begin_weight_update()
+    for bucket in sorted([again[:4], again[4:9], again[9:]], key=lambda b: -sum(t.numel() for _, t in b)):
+        sender.send_bucket(bucket, weight_version=8)
+    sender.finish()
+    client.end_weight_update(8)
+    client.continue_generation()
+    assert sender._buffer is buffer
+    assert client.get_weights_checksum() == weights_checksum(again)
+    sender.close()
 
 
 def test_a_hostile_or_out_of_session_update_is_refused_and_changes_nothing(hf_dir, server_url, tmp_path):

@@ -268,6 +268,9 @@ class TensorSender:
             )
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.urls)))
         self._cuda = False
+        # One bucket-sized buffer, reused bucket after bucket and sync after sync (the engines have
+        # copied out of it when their call returns); it grows to the largest bucket.
+        self._buffer: torch.Tensor | None = None
 
     def send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, weight_version: int | None = None) -> None:
         from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket
@@ -280,7 +283,8 @@ class TensorSender:
                 f"engine colocated with it can open, and this run has {len(self.urls)}; use --update-weight-transfer-mode broadcast"
             )
         self._cuda = self._cuda or bucket[0][1].is_cuda
-        flat, views = flatten_bucket(bucket)
+        flat, views = flatten_bucket(bucket, self._buffer)
+        self._buffer = flat
         body = {"load_format": None, "flush_cache": False}
         if weight_version is not None:
             body["weight_version"] = str(weight_version)  # SGLang's field is a string
@@ -294,7 +298,7 @@ class TensorSender:
         try:
             _wait(calls, f"{len(self.urls)} engine(s) to load a weight bucket of {len(bucket)} tensors by handle", self.timeout_s)
         finally:
-            del views, flat  # the engines have mapped and copied it (or failed): the buffer may go
+            del views  # the engines have copied out of the buffer (or failed): the next bucket may overwrite it
 
     def finish(self) -> None:
         """One cache flush per engine after the last bucket (the buckets were sent with flush_cache false)."""
@@ -306,6 +310,7 @@ class TensorSender:
             torch.cuda.ipc_collect()
 
     def close(self) -> None:
+        self._buffer = None
         self._pool.shutdown(wait=False)
 
 
