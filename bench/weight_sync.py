@@ -11,8 +11,9 @@ created in a temp dir; nothing downloaded), in buckets of --bucket-mb:
               per tensor; the number `perf/weight_sync_time` reports for --rollout-num-gpus runs;
 - disk:       `DiskSender`: one safetensors shard per bucket, then every engine loads the directory;
 - tensor to servers: `TensorSender` (--update-weight-transfer-mode tensor): per bucket one copy into
-              shared memory, then handles to it to every server's `/update_weights_from_tensor`
-              (SGLang's colocated path; CUDA IPC on a GPU), one flush at the end.
+              a shared-memory buffer (kept across syncs, as the trainer keeps it), then handles to
+              it to every server's `/update_weights_from_tensor` (SGLang's colocated path; CUDA IPC
+              on a GPU), one flush at the end.
 
 Every engine's weights are checked bit-identical to the sent ones after each path. Reported: the
 median of --repeats runs, seconds per GB, and the ratio to the plain copy.
@@ -136,13 +137,13 @@ def main() -> None:
 
             remote(send)
 
+        tensor_sender = TensorSender(urls)  # kept across syncs, as the trainer's source rank keeps it
+
         def tensor_servers() -> None:
             def send() -> None:
-                t = TensorSender(urls)
                 for b in buckets:
-                    t.send_bucket(b, weight_version=1)
-                t.finish()
-                t.close()
+                    tensor_sender.send_bucket(b, weight_version=1)
+                tensor_sender.finish()
 
             remote(send)
 
@@ -165,6 +166,7 @@ def main() -> None:
                 rows.append((name, statistics.median(times)))
         finally:
             sender.close()
+            tensor_sender.close()
             for p in procs:
                 p.terminate()
                 p.wait(timeout=30)

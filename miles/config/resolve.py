@@ -123,12 +123,12 @@ def _check_tensor_transfer(cfg: EngineConfig) -> None:
     _require(
         c.rollout_num_gpus_per_engine <= c.actor_num_gpus_per_node,
         f"{flag} tensor hands the trainer's memory to engines on its own node, and --rollout-num-gpus-per-engine "
-        f"{c.rollout_num_gpus_per_engine} spans nodes of {c.actor_num_gpus_per_node}; use {flag} broadcast.",
+        f"{c.rollout_num_gpus_per_engine} spans nodes of {c.actor_num_gpus_per_node} GPUs (--num-gpus-per-node); use {flag} broadcast.",
         flag,
     )
     _require(
         c.actor_num_nodes == 1,
-        f"{flag} tensor hands the trainer's memory to engines on its own node, and --actor-num-nodes "
+        f"{flag} tensor hands the trainer's memory to engines on its own node, and --num-nodes "
         f"{c.actor_num_nodes} puts engines on other nodes; use {flag} broadcast.",
         flag,
     )

@@ -249,8 +249,8 @@ BASE = {"hf_checkpoint": "/m", "prompt_data": "p.jsonl", "rollout_batch_size": 8
     "values, fragment",
     [
         ({"rollout_backend": "sglang", "actor_num_gpus_per_node": 8, "rollout_num_gpus": 16, "rollout_num_gpus_per_engine": 16},
-         "--rollout-num-gpus-per-engine 16 spans nodes of 8"),
-        ({"rollout_num_gpus": 2, "actor_num_nodes": 2}, "--actor-num-nodes 2 puts engines on other nodes"),
+         "--rollout-num-gpus-per-engine 16 spans nodes of 8 GPUs (--num-gpus-per-node)"),
+        ({"rollout_num_gpus": 2, "actor_num_nodes": 2}, "--num-nodes 2 puts engines on other nodes"),
         ({"rollout_num_gpus": 1, "device": "cuda"}, "(this run has 1 engine(s), not colocated)"),
         ({"rollout_num_gpus": 2, "device": "cuda", "colocate": True, "actor_num_gpus_per_node": 2}, "(this run has 2 engine(s))"),
     ],
