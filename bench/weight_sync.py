@@ -9,7 +9,11 @@ created in a temp dir; nothing downloaded), in buckets of --bucket-mb:
 - broadcast:  `BroadcastSender` -> N engine servers in their own processes (`python -m
               miles.rollout.engine.server`): a gloo group, names first over HTTP, then one broadcast
               per tensor; the number `perf/weight_sync_time` reports for --rollout-num-gpus runs;
-- disk:       `DiskSender`: one safetensors shard per bucket, then every engine loads the directory.
+- disk:       `DiskSender`: one safetensors shard per bucket, then every engine loads the directory;
+- tensor to servers: `TensorSender` (--update-weight-transfer-mode tensor): per bucket one copy into
+              a shared-memory buffer (kept across syncs, as the trainer keeps it), then handles to
+              it to every server's `/update_weights_from_tensor` (SGLang's colocated path; CUDA IPC
+              on a GPU), one flush at the end.
 
 Every engine's weights are checked bit-identical to the sent ones after each path. Reported: the
 median of --repeats runs, seconds per GB, and the ratio to the plain copy.
@@ -35,7 +39,7 @@ from rich.table import Table
 from miles.rollout.engine.base import iter_weight_buckets, tensor_nbytes, weights_checksum
 from miles.rollout.engine.builtin import BuiltinEngine
 from miles.rollout.engine.http_client import HttpEngine
-from miles.rollout.engine.weight_transport import BroadcastSender, DiskSender
+from miles.rollout.engine.weight_transport import BroadcastSender, DiskSender, TensorSender
 
 
 def make_model(root: Path) -> Path:
@@ -133,6 +137,16 @@ def main() -> None:
 
             remote(send)
 
+        tensor_sender = TensorSender(urls)  # kept across syncs, as the trainer's source rank keeps it
+
+        def tensor_servers() -> None:
+            def send() -> None:
+                for b in buckets:
+                    tensor_sender.send_bucket(b, weight_version=1)
+                tensor_sender.finish()
+
+            remote(send)
+
         rows = []
         try:
             for name, fn, check in [
@@ -140,6 +154,7 @@ def main() -> None:
                 ("tensor (in-process engine)", tensor_path, lambda: [local.get_weights_checksum()]),
                 (f"broadcast (gloo, {args.engines} servers)", broadcast, lambda: [c.get_weights_checksum() for c in clients]),
                 (f"disk ({args.engines} servers)", disk, lambda: [c.get_weights_checksum() for c in clients]),
+                (f"tensor, shared memory ({args.engines} servers)", tensor_servers, lambda: [c.get_weights_checksum() for c in clients]),
             ]:
                 times = []
                 with console.status(name):
@@ -151,6 +166,7 @@ def main() -> None:
                 rows.append((name, statistics.median(times)))
         finally:
             sender.close()
+            tensor_sender.close()
             for p in procs:
                 p.terminate()
                 p.wait(timeout=30)

@@ -103,12 +103,49 @@ def _check_engines(cfg: EngineConfig) -> None:
     for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
         _require(getattr(ft, name) > 0, f"--{name.replace('_', '-')} must be positive.", f"--{name.replace('_', '-')}")
     _require(ft.rollout_health_check_first_wait >= 0, "--rollout-health-check-first-wait must be >= 0.", "--rollout-health-check-first-wait")
+    _check_tensor_transfer(cfg)
     _require(
         not ft.use_fault_tolerance or c.rollout_num_gpus is not None,
         "--use-fault-tolerance restarts engine servers, and this run has none (the engine lives inside the rollout "
         "manager); add --rollout-num-gpus N or drop --use-fault-tolerance.",
         "--use-fault-tolerance",
     )
+
+
+def _check_tensor_transfer(cfg: EngineConfig) -> None:
+    """--update-weight-transfer-mode tensor hands engines handles to the source rank's memory
+    (miles/rollout/engine/tensor_ipc.py): only engines on that node can map them, and on GPUs only the
+    one engine that shares the source rank's GPU (the others do not see it)."""
+    c, flag = cfg.cluster, "--update-weight-transfer-mode"
+    servers = _sglang_engines(cfg) or c.rollout_num_gpus is not None
+    if cfg.rollout.update_weight_transfer_mode != "tensor" or not servers:
+        return  # the in-process engine takes tensors whatever the mode
+    _require(
+        c.rollout_num_gpus_per_engine <= c.actor_num_gpus_per_node,
+        f"{flag} tensor hands the trainer's memory to engines on its own node, and --rollout-num-gpus-per-engine "
+        f"{c.rollout_num_gpus_per_engine} spans nodes of {c.actor_num_gpus_per_node} GPUs (--num-gpus-per-node); use {flag} broadcast.",
+        flag,
+    )
+    _require(
+        c.actor_num_nodes == 1,
+        f"{flag} tensor hands the trainer's memory to engines on its own node, and --num-nodes "
+        f"{c.actor_num_nodes} puts engines on other nodes; use {flag} broadcast.",
+        flag,
+    )
+    if c.device == "cuda":  # with "auto" the sender checks once it holds a CUDA tensor
+        if _sglang_engines(cfg):
+            from miles.rollout.sglang.launch import engine_layout
+
+            engines = engine_layout(cfg).num_engines
+        else:
+            engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine
+        _require(
+            c.colocate and engines == 1,
+            f"{flag} tensor on GPUs sends CUDA IPC handles of the trainer's GPU, which only one engine colocated "
+            f"with it can open (this run has {engines} engine(s){'' if c.colocate else ', not colocated'}); "
+            f"use --colocate with one engine, or {flag} broadcast.",
+            flag,
+        )
 
 
 def _check_megatron(cfg: EngineConfig) -> None:

@@ -56,12 +56,14 @@ class RolloutConfig:
     update_weight_buffer_size: int = option(
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
-    update_weight_transfer_mode: Literal["broadcast", "disk"] = option(
+    update_weight_transfer_mode: Literal["broadcast", "disk", "tensor"] = option(
         "broadcast",
         help=(
             "How engine servers get new weights from the trainer's source rank: broadcast (a gloo/NCCL group with "
-            "the engines, bucket by bucket) or disk (safetensors shards under the run directory, then "
-            "update_weights_from_disk). The in-process engine takes tensors directly."
+            "the engines, bucket by bucket), disk (safetensors shards under the run directory, then "
+            "update_weights_from_disk) or tensor (SGLang's colocated path, update_weights_from_tensor: handles to "
+            "each bucket in the source's memory, shared memory on a CPU and CUDA IPC on a GPU; engines on the "
+            "source's node only, and on GPUs one engine colocated with it). The in-process engine takes tensors directly."
         ),
     )
     sglang_router_policy: Literal["round_robin", "cache_aware", "power_of_two", "random"] = option(

@@ -343,6 +343,8 @@ def _engine_actor_options(cfg: EngineConfig, options: dict[str, Any], bundle_of,
         opts = {**options, **bundle_of(("engine", e * g))}
         if device == "cuda":
             opts["gpu_bundles"] = [bundle_of(("engine", e * g + k)) for k in range(g)]
+        if layout.nodes_per_engine > 1:  # the first bundle of each other node of the engine
+            opts["node_bundles"] = [{**options, **bundle_of(("engine", e * g + r * layout.gpus_per_node))} for r in range(1, layout.nodes_per_engine)]
         out.append(opts)
     return out
 

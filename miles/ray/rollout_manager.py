@@ -59,6 +59,15 @@ def _as_fresh(s: Sample) -> Sample:
     )
 
 
+def engine_tp_size(cfg: EngineConfig) -> int:
+    """Processes (TP ranks) per engine server: SGLang's --tp-size, 1 for the built-in engine server."""
+    if cfg.rollout.rollout_backend != "sglang":
+        return 1
+    from miles.rollout.sglang.launch import engine_layout
+
+    return engine_layout(cfg).gpus_per_engine
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -319,12 +328,14 @@ class RolloutManager:
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            return {"mode": "tensor"}
+            return {"mode": "in_process"}
         self.engine.begin_weight_update()
         r = self.cfg.rollout
+        urls = self.engine.weight_targets()
         return {
             "mode": r.update_weight_transfer_mode,
-            "urls": self.engine.weight_targets(),
+            "urls": urls,
+            "tp_sizes": [engine_tp_size(self.cfg)] * len(urls),
             "disk_dir": str(Path(self.log_dir or ".") / "weight_sync"),
             "hf_checkpoint": r.hf_checkpoint,
         }

@@ -6,10 +6,14 @@
                                                                    # the router, generation continues
 
 Every trainer rank iterates the weight buckets (a collective once TP/PP shards are gathered); only
-the source rank sends. The paths (SGLang's three, as far as a CPU allows):
+the source rank sends. The paths:
 
-- `tensor`: the in-process engine (inside the rollout manager actor). Each bucket goes from the
+- `in_process`: the in-process engine (inside the rollout manager actor). Each bucket goes from the
   source rank to the manager as a Ray object (worker -> manager, never via the driver).
+- `tensor` (--update-weight-transfer-mode tensor): engine servers on the source rank's host. Per
+  bucket the source POSTs handles to a copy of it in shared memory (CUDA IPC on a GPU) to every
+  engine's `/update_weights_from_tensor`, then one cache flush
+  (`miles.rollout.engine.weight_transport.TensorSender`).
 - `broadcast`: engine servers. A gloo group between the source rank and every engine
   (`miles.rollout.engine.weight_transport.BroadcastSender`), kept across updates and rebuilt when
   the set of engines changes (a restarted engine has a new address).
@@ -48,13 +52,19 @@ def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, flo
     t0 = time.perf_counter()
     sent = 0
     mode = targets["mode"]
-    if mode == "tensor":
+    if mode == "in_process":
         manager = targets["manager"]
         for bucket in buckets:
             bucket = [(name, t.detach().cpu()) for name, t in bucket]
             sent += sum(t.numel() * t.element_size() for _, t in bucket)
             # One bucket in flight at a time: --update-weight-buffer-size bounds the memory it costs.
             ray.get(manager.load_weight_bucket.remote(bucket), timeout=600)
+    elif mode == "tensor":
+        sender = _tensor_sender(worker, targets["urls"], targets.get("tp_sizes"))
+        for bucket in buckets:
+            sent += sum(t.numel() * t.element_size() for _, t in bucket)
+            sender.send_bucket(bucket, weight_version=version)
+        sender.finish()
     elif mode == "broadcast":
         sender = _broadcast_sender(worker, targets["urls"])
         for bucket in buckets:
@@ -74,6 +84,19 @@ def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, flo
     else:
         raise ValueError(f"unknown weight transfer mode {mode!r}")
     return {"perf/weight_sync_bytes": float(sent), "perf/weight_sync_send_time": time.perf_counter() - t0}
+
+
+def _tensor_sender(worker, urls: list[str], tp_sizes: list[int] | None):
+    """Kept across updates (its bucket buffer is reused); rebuilt when the set of engines changes."""
+    from miles.rollout.engine.weight_transport import TensorSender
+
+    sender = getattr(worker, "_tensor_sender", None)
+    if sender is not None and (sender.urls, sender.tp_sizes) != (list(urls), list(tp_sizes or [1] * len(urls))):
+        sender.close()
+        sender = None
+    if sender is None:
+        sender = worker._tensor_sender = TensorSender(urls, tp_sizes=tp_sizes)
+    return sender
 
 
 def _broadcast_sender(worker, urls: list[str]):
@@ -107,7 +130,7 @@ def sync_weights(cfg, workers, manager, *, version: int, wait) -> dict[str, floa
 def _sync_once(cfg, workers, manager, *, version: int, wait) -> dict[str, float]:
     targets = wait(manager.begin_weight_update.remote(), "the rollout engines to pause for a weight update")
     targets["bucket_bytes"] = cfg.rollout.update_weight_buffer_size
-    if targets["mode"] == "tensor":
+    if targets["mode"] == "in_process":
         targets["manager"] = manager
     results = wait(
         [w.push_weights.remote(targets, version) for w in workers],

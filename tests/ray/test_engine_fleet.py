@@ -81,10 +81,11 @@ class DriverTraffic:
         monkeypatch.setattr(driver, "_update_weights", counted_update)
 
 
-@pytest.mark.parametrize("engines", [None, 2])
-def test_weight_bytes_never_pass_through_the_driver(files, tmp_path, ray_session, monkeypatch, engines):
-    """In-process engine (tensor path) and 2 servers behind the router (broadcast over gloo): every sync is
-    checked bit-exact on the engines (--check-weight-update-equal), yet the driver moves only a few KB."""
+@pytest.mark.parametrize("engines, mode", [(None, "broadcast"), (2, "broadcast"), (2, "tensor")])
+def test_weight_bytes_never_pass_through_the_driver(files, tmp_path, ray_session, monkeypatch, engines, mode):
+    """In-process engine (Ray objects), 2 servers behind the router by broadcast over gloo, and by
+    handles to shared memory (--update-weight-transfer-mode tensor): every sync is checked bit-exact on
+    the engines (--check-weight-update-equal), yet the driver moves only a few KB."""
     from miles.rollout.engine.base import tensor_nbytes
 
     from transformers import AutoModelForCausalLM
@@ -92,7 +93,7 @@ def test_weight_bytes_never_pass_through_the_driver(files, tmp_path, ray_session
     model_bytes = sum(tensor_nbytes(p) for p in AutoModelForCausalLM.from_pretrained(files[1]).parameters())
     traffic = DriverTraffic(monkeypatch)
     run_dir = tmp_path / "run"
-    extra = {} if engines is None else {"rollout_num_gpus": engines}
+    extra = {} if engines is None else {"rollout_num_gpus": engines, "update_weight_transfer_mode": mode}
     result = run_training(config(files, **extra), run_dir=run_dir, run_id="w")
     assert result.final_step == 2 and traffic.syncs == 3  # the first sync, then one per rollout
     assert model_bytes > 400_000

@@ -33,7 +33,7 @@ pytestmark = [
 MILES = [sys.executable, "-m", "miles_cli.main"]
 
 
-@pytest.mark.parametrize("transfer", ["broadcast", "disk"])
+@pytest.mark.parametrize("transfer", ["broadcast", "disk", "tensor"])
 def test_miles_runs_its_rollouts_on_a_real_sglang_cpu_server(tmp_path, transfer):
     version = subprocess.run([PYTHON, "-c", "import sglang; print(sglang.__version__)"], capture_output=True, text=True, timeout=300)
     assert version.stdout.strip() == SGLANG_VERSION, version.stderr

@@ -28,7 +28,8 @@ def make_engine(
 ) -> RolloutEngine:
     """`actor_options[i]`: Ray options of engine i's actor (its placement bundle). For SGLang, an entry
     may also hold "gpu_bundles": the Ray options of each bundle whose GPU the engine uses, whose GPU
-    ids become the server's CUDA_VISIBLE_DEVICES."""
+    ids become the server's CUDA_VISIBLE_DEVICES; and, for an engine spanning nodes, "node_bundles":
+    the Ray options of the first bundle of each of its other nodes (where their processes run)."""
     r, c = cfg.rollout, cfg.cluster
     if r.rollout_backend == "sglang":
         return _sglang_fleet(cfg, actor_options=actor_options, log_dir=log_dir)
@@ -59,12 +60,20 @@ def _sglang_fleet(cfg: EngineConfig, *, actor_options: list[dict[str, Any]] | No
     layout = engine_layout(cfg)
     options = [dict(o) for o in (actor_options or [{} for _ in range(layout.num_engines)])]
     gpu_bundles = [o.pop("gpu_bundles", None) for o in options]
+    node_bundles = [o.pop("node_bundles", None) or [{} for _ in range(layout.nodes_per_engine - 1)] for o in options]
     gpu_ids: dict[int, list[str]] = {}  # bundles do not move: probed once, reused by restarts
 
     def make_actor(index: int, seed: int):
         if gpu_bundles[index] and index not in gpu_ids:
             gpu_ids[index] = gpu_ids_of_bundles(gpu_bundles[index])
-        kwargs = dict(index=index, seed=seed, log_dir=None if log_dir is None else str(log_dir), gpu_ids=gpu_ids.get(index))
+        ids, per = gpu_ids.get(index), layout.gpus_per_node
+        kwargs = dict(index=index, seed=seed, log_dir=None if log_dir is None else str(log_dir), gpu_ids=ids)
+        if layout.nodes_per_engine > 1:  # each node's process sees its own node's GPUs
+            kwargs["gpu_ids"] = None if ids is None else ids[:per]
+            kwargs["nodes"] = [
+                {"actor_options": opts, "gpu_ids": None if ids is None else ids[r * per : (r + 1) * per]}
+                for r, opts in enumerate(node_bundles[index], start=1)
+            ]
         return SGLangServerActor, (cfg,), kwargs
 
     return EngineFleet(

@@ -18,11 +18,15 @@ Routes (bodies and answers shaped like SGLang 0.5.23's, see shared/reference/sca
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name"}: one broadcast
                                          from rank 0 per tensor, in list order
     POST /destroy_weights_update_group
+    POST /update_weights_from_tensor     {"serialized_named_tensors": [payload], "load_format": null}:
+                                         handles to tensors in the sender's memory (shared memory on a
+                                         CPU, CUDA IPC on a GPU), read by an allow-list unpickler
     POST /release_memory_occupation, /resume_memory_occupation
     POST /weights_checker                {"action": "checksum"} -> {"checksum": sha256 of the weights}
 
-`/update_weights_from_tensor` answers 400: its payload is CUDA IPC handles for a colocated engine,
-which an HTTP server on a CPU cannot map; the in-process engine takes tensors directly instead.
+`/update_weights_from_tensor` takes SGLang's colocated payload (miles.rollout.engine.tensor_ipc): it
+never runs plain pickle on a body; a payload naming any global but torch's tensor rebuild functions,
+tensor/storage classes and dtypes is refused with HTTP 400.
 
 Run one by hand (binds 127.0.0.1; port 0 picks a free one and prints it):
 
@@ -270,9 +274,11 @@ class EngineServer:
         return self._json({"success": True, "message": "ok"})
 
     async def _call_update(self, fn, body: dict[str, Any]):
+        import pickle
+
         try:
             await self._blocking(fn, body)
-        except (RuntimeError, ValueError, KeyError, FileNotFoundError, TimeoutError) as e:
+        except (RuntimeError, ValueError, KeyError, FileNotFoundError, TimeoutError, pickle.UnpicklingError) as e:
             return self._fail(f"{type(e).__name__}: {e}")
         if body.get("weight_version") is not None:
             self._pending_version = int(body["weight_version"])
@@ -291,10 +297,7 @@ class EngineServer:
         return await self._call_update(self.receiver.destroy_group, await self._body(request))
 
     async def _from_tensor(self, request):
-        return self._fail(
-            "update_weights_from_tensor carries CUDA IPC handles for a colocated engine; the built-in server "
-            "takes weights by /update_weights_from_distributed (gloo broadcast) or /update_weights_from_disk"
-        )
+        return await self._call_update(self.receiver.update_from_tensor, await self._body(request))
 
     async def _release(self, request):
         await self._blocking(self.engine.release_memory_occupation)

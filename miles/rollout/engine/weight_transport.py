@@ -1,7 +1,7 @@
 """Weight transport between the trainer's source rank and engine servers, both ends.
 
-Two of SGLang's three paths, as the built-in engine implements them on a CPU (the third, tensors
-handed to a colocated engine, is `RolloutEngine.update_weights_from_tensors` in-process):
+SGLang's three paths, as the built-in engine server implements them (the in-process engine takes
+tensors by `RolloutEngine.update_weights_from_tensors` instead):
 
 - **broadcast** (SGLang's `init_weights_update_group` + `update_weights_from_distributed`): the
   source rank and every engine form their own gloo group (rank 0 = source, engine i = rank 1 + i),
@@ -11,6 +11,11 @@ handed to a colocated engine, is `RolloutEngine.update_weights_from_tensors` in-
 - **disk** (SGLang's `update_weights_from_disk`): the source writes each bucket as one safetensors
   shard (plus the model's config files, so the directory is a loadable HF checkpoint), then every
   engine loads the directory.
+- **tensor** (SGLang's `update_weights_from_tensor`, its colocated path): per bucket the source copies
+  the tensors into one fresh buffer and POSTs *handles* to it (CUDA IPC on a GPU, a shared-memory
+  segment on a CPU; `miles.rollout.engine.tensor_ipc`), one payload per engine TP rank, with
+  `flush_cache: false`; the buffer lives until every engine has answered; one `/flush_cache` after
+  the last bucket. Only for engines on the source rank's host (and on a GPU, on its GPU).
 
 Either way the driver process only says "update to version v"; the bytes go source rank -> engines.
 
@@ -110,6 +115,21 @@ class WeightReceiver:
             _broadcast(group, t)
             received.append((tname, t))
         self.engine.update_weights_from_tensors(received, flush=bool(body.get("flush_cache", True)))
+
+    def update_from_tensor(self, body: dict[str, Any]) -> None:
+        """SGLang's body: `serialized_named_tensors` (one payload per TP rank; this server is rank 0 of
+        one), `load_format` None (a list of (name, tensor)), `flush_cache`, `weight_version`."""
+        from miles.rollout.engine.tensor_ipc import deserialize_payload
+
+        if body.get("load_format") not in (None, "auto"):
+            raise ValueError(f"load_format {body['load_format']!r} is not supported; send a list of (name, tensor) (load_format null)")
+        payloads = body.get("serialized_named_tensors")
+        if not isinstance(payloads, list) or not payloads or not isinstance(payloads[0], str):
+            raise ValueError("serialized_named_tensors must be a list of base64 strings, one per engine TP rank")
+        named = deserialize_payload(payloads[0])
+        if not isinstance(named, list) or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in named):
+            raise ValueError("a tensor payload must hold a list of (name, tensor) pairs")
+        self.engine.update_weights_from_tensors(named, flush=bool(body.get("flush_cache", True)))
 
     def update_from_disk(self, body: dict[str, Any]) -> None:
         from safetensors.torch import load_file
@@ -211,6 +231,86 @@ class BroadcastSender:
             except Exception:  # noqa: BLE001 - a dead engine has no group to destroy
                 pass
         self.group = self._store = None
+        self._pool.shutdown(wait=False)
+
+
+def is_local_engine(url: str) -> bool:
+    """Whether the engine at `url` runs on this host (loopback, or this node's address as Ray knows it)."""
+    from urllib.parse import urlparse
+
+    host = urlparse(url).hostname
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return True
+    try:
+        import ray
+
+        return host == ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - no Ray here: only loopback is known to be local
+        return False
+
+
+class TensorSender:
+    """The source rank's end of the tensor path: handles to each bucket, one payload per engine TP rank.
+
+    `tp_sizes[i]` is engine i's TP size (SGLang's TP rank r deserialises entry r). Every payload points
+    at the source's own copy: right on a CPU (one shared memory), and on a GPU for the one engine that
+    shares the source rank's GPU (the config allows no other layout with this mode)."""
+
+    def __init__(self, engine_urls: list[str], *, tp_sizes: list[int] | None = None, timeout_s: float = HTTP_TIMEOUT_S):
+        self.urls = list(engine_urls)
+        self.tp_sizes = list(tp_sizes) if tp_sizes is not None else [1] * len(self.urls)
+        self.timeout_s = timeout_s
+        far = [u for u in self.urls if not is_local_engine(u)]
+        if far:
+            raise RuntimeError(
+                f"--update-weight-transfer-mode tensor hands the trainer's memory to engines on its own host, and "
+                f"engine {far[0]} is on another one; use --update-weight-transfer-mode broadcast"
+            )
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.urls)))
+        self._cuda = False
+        # One bucket-sized buffer, reused bucket after bucket and sync after sync (the engines have
+        # copied out of it when their call returns); it grows to the largest bucket.
+        self._buffer: torch.Tensor | None = None
+
+    def send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, weight_version: int | None = None) -> None:
+        from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket
+
+        if not bucket:
+            return
+        if bucket[0][1].is_cuda and len(self.urls) > 1:
+            raise RuntimeError(
+                f"--update-weight-transfer-mode tensor sends CUDA IPC handles of the trainer's GPU, which only the one "
+                f"engine colocated with it can open, and this run has {len(self.urls)}; use --update-weight-transfer-mode broadcast"
+            )
+        self._cuda = self._cuda or bucket[0][1].is_cuda
+        flat, views = flatten_bucket(bucket, self._buffer)
+        self._buffer = flat
+        body = {"load_format": None, "flush_cache": False}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)  # SGLang's field is a string
+        calls = [
+            self._pool.submit(
+                _post, url, "/update_weights_from_tensor",
+                {**body, "serialized_named_tensors": [serialize_bucket(views) for _ in range(tp)]}, self.timeout_s,
+            )
+            for url, tp in zip(self.urls, self.tp_sizes)
+        ]
+        try:
+            _wait(calls, f"{len(self.urls)} engine(s) to load a weight bucket of {len(bucket)} tensors by handle", self.timeout_s)
+        finally:
+            del views  # the engines have copied out of the buffer (or failed): the next bucket may overwrite it
+
+    def finish(self) -> None:
+        """One cache flush per engine after the last bucket (the buckets were sent with flush_cache false)."""
+        from miles.rollout.engine.http_client import HttpEngine
+
+        calls = [self._pool.submit(HttpEngine(url).flush_cache) for url in self.urls]
+        _wait(calls, f"{len(self.urls)} engine(s) to flush their cache after a weight update", self.timeout_s)
+        if self._cuda:  # free the buffers the engines held by IPC as soon as they let go
+            torch.cuda.ipc_collect()
+
+    def close(self) -> None:
+        self._buffer = None
         self._pool.shutdown(wait=False)
 
 
