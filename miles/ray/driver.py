@@ -252,15 +252,17 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 for rollout_id in range(start, d.num_rollout):
                     step = rollout_id + 1
                     t0 = time.perf_counter()
-                    out = wait(manager.generate.remote(rollout_id), f"rollout {rollout_id} to generate")
-                    metrics = dict(out["metrics"])
+                    # Two results: the metrics come to the driver; the train data goes from the manager
+                    # to the workers by reference, never unpickled and pickled again here.
+                    data_ref, metrics_ref = manager.generate_split.options(num_returns=2).remote(rollout_id)
+                    metrics = dict(wait(metrics_ref, f"rollout {rollout_id} to generate"))
                     if not cfg.debug.debug_rollout_only:
                         t1 = time.perf_counter()
                         if c.offload_rollout:
                             wait(manager.offload.remote(), "the rollout engine to move to host memory")
                         if c.offload_train:
                             _each(workers, "onload", "the trainer to move back to the device")
-                        results = wait([w.train.remote(out["train_data"], rollout_id) for w in workers], f"training on rollout {rollout_id}")
+                        results = wait([w.train.remote(data_ref, rollout_id) for w in workers], f"training on rollout {rollout_id}")
                         metrics.update(results[0])
                         metrics["perf/train_time"] = time.perf_counter() - t1
                     # Logged before the checkpoint: a run killed after its save has no unlogged training step.

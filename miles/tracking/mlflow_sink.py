@@ -143,14 +143,20 @@ class MlflowSink:
         return None
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.log_many([(metrics, step)])
+
+    def log_many(self, records: list[tuple[Mapping[str, float], int]]) -> None:
+        """Several (metrics, step) records in as few `log_batch` calls as MLflow allows (one store
+        transaction each): the background writer sends what queued up since its last write."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         batch = []
-        for key, value in metrics.items():
-            name = self._key(key)
-            if name is not None:
-                batch.append(Metric(name, value, ts, step))
+        for metrics, step in records:
+            for key, value in metrics.items():
+                name = self._key(key)
+                if name is not None:
+                    batch.append(Metric(name, value, ts, step))
         for i in range(0, len(batch), _METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _METRICS_PER_BATCH])
 

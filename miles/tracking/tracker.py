@@ -22,6 +22,8 @@ by any other exception as FAILED. Without `with`, call `finish(status)` yourself
 Failure policy: the JSONL file is the record of the run, so an error writing it propagates. An error
 in another sink's `log` (an MLflow server that went away) is logged with its traceback the first
 time, counted in `sink_errors`, and the run goes on (`strict=True` makes it propagate, for tests).
+MLflow's writes run on a thread of their own (`miles.tracking.background`; not with `strict=True`):
+`log` returns at once and `finish` waits until the store has every record.
 `finish` closes every sink even when one fails to close, then reports the failures with a warning
 and returns them. This module decides nothing about *what* is logged: see metric_names.py.
 """
@@ -122,6 +124,7 @@ class Tracker:
         self.run_id = run_id
         self.strict = strict
         self.sink_errors: dict[str, int] = {}
+        self._errors_lock = threading.Lock()
         self._finished = False
         self.jsonl = JsonlSink(self.run_dir, resume_step=resume_step)
         self.sinks: list[Sink] = [self.jsonl]
@@ -131,6 +134,10 @@ class Tracker:
                 from miles.tracking.mlflow_sink import MlflowSink
 
                 self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params)
+                if not strict:  # its store's writes off the loop's path (strict: errors raise in log())
+                    from miles.tracking.background import BackgroundSink
+
+                    self.mlflow = BackgroundSink(self.mlflow, on_error=self._sink_failed)
                 self.sinks.append(self.mlflow)
             if cfg.use_tensorboard:
                 from miles.tracking.tensorboard_sink import TensorBoardSink
@@ -172,13 +179,18 @@ class Tracker:
             except Exception:
                 if self.strict:
                     raise
-                count = self.sink_errors.get(sink.name, 0) + 1
-                self.sink_errors[sink.name] = count
-                if count == 1:
-                    log.exception(
-                        "metrics sink %s failed at step %d; the run continues, later failures are counted",
-                        sink.name, step,
-                    )
+                self._sink_failed(sink, step)
+
+    def _sink_failed(self, sink: Sink, step: int) -> None:
+        """Count a failed write (called inside the `except`, from `log` or a background writer)."""
+        with self._errors_lock:
+            count = self.sink_errors.get(sink.name, 0) + 1
+            self.sink_errors[sink.name] = count
+        if count == 1:
+            log.exception(
+                "metrics sink %s failed at step %d; the run continues, later failures are counted",
+                sink.name, step,
+            )
 
     def finish(self, status: Status = "FINISHED") -> dict[str, BaseException]:
         """Close every sink (each one even if another fails); returns {sink name: error} for those that failed."""
