@@ -17,7 +17,7 @@ busy 2-core machine). Settings that cannot be made identical are listed in docs/
 
 Each side runs as its own process, launched from here: miles as `miles full-train` (its prepare steps
 are already complete, so it goes straight to Ray start-up and GRPO), TRL as this file with `--trl-child`.
-Reported per side: median step time (steps with an eval excluded), generated tokens/s during
+Reported per side: median step time (between consecutive step ends; steps with an eval excluded), generated tokens/s during
 generation, peak RSS of the whole process tree (Ray's processes included for miles), start to the end
 of the first RL step (eval excluded), and the held-out greedy accuracy against wall time since launch.
 The ratios come last (> 1 means miles is better). `--json PATH` also writes them for bench/run_all.py.
@@ -128,9 +128,13 @@ def run_miles(work: Path, a: argparse.Namespace) -> Side:
     rows = [json.loads(x) for x in (work / "runs" / "vs-trl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     side = Side("miles", peak_rss=peak, wall_s=wall)
     eval_s_before_first = sum(r.get("perf/eval_time", 0.0) for r in rows if r["step"] == 0)
+    # A step's time is the wall time between the records that end it and the step before (as TRL's
+    # side measures it, between step ends): everything the loop does counts, logging included, not only
+    # the part `perf/step_time` times. Steps with an eval (or the final save) are left out.
+    ends = {r["step"]: r["time"] for r in rows if "perf/step_time" in r}
+    evals = {r["step"] for r in rows if "perf/eval_time" in r}
+    side.step_s = [ends[s] - ends[s - 1] for s in sorted(ends) if s - 1 in ends and s not in evals]
     for r in rows:
-        if "perf/step_time" in r and "perf/eval_time" not in r:
-            side.step_s.append(r["perf/step_time"])
         if "perf/rollout_tokens_per_s" in r:
             side.gen_tokens_per_s.append(r["perf/rollout_tokens_per_s"])
         if EVAL_KEY in r:

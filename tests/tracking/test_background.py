@@ -70,3 +70,29 @@ def test_the_tracker_writes_mlflow_in_the_background_and_finish_leaves_every_ste
     history = MlflowClient(t.mlflow.tracking_uri).get_metric_history(t.mlflow.run_id, "rollout/raw_reward")
     assert sorted((m.step, m.value) for m in history) == [(s, s / 10) for s in range(20)]
     assert MlflowClient(t.mlflow.tracking_uri).get_run(t.mlflow.run_id).info.status == "FINISHED"
+
+
+def test_the_mlflow_store_is_made_ahead_outside_the_run_dir_and_moved_in(tmp_path: Path):
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from miles.tracking import mlflow_sink
+    from miles.tracking.tracker import import_sinks_in_background
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = TrackingConfig(use_mlflow=True)
+    thread = import_sinks_in_background(cfg, run_dir)
+    thread.join(120)
+    assert os.listdir(run_dir) == []  # nothing under the run dir before the Tracker
+    prepared = mlflow_sink._PREPARED[str(run_dir.resolve() / "mlflow.db")]
+    assert prepared.exists() and run_dir not in prepared.parents
+    t = Tracker(cfg, run_dir=run_dir, run_id="ahead", params={"seed": 3})
+    t.log({"rollout/raw_reward": 0.5}, step=1)
+    t.finish()
+    assert not prepared.exists() and (run_dir / "mlflow.db").exists()  # moved, not made a second time
+    client = MlflowClient(t.mlflow.tracking_uri)
+    run = client.get_run(t.mlflow.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["seed"] == "3"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rollout/raw_reward")] == [(1, 0.5)]
