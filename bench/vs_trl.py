@@ -4,6 +4,7 @@
     python bench/vs_trl.py                          # 150 GRPO steps per side, eval every 25 (~10 min on 2 cores)
     python bench/vs_trl.py --steps 500 --eval-interval 50 --target-acc 0.4
     python bench/vs_trl.py --tiny                   # 3 steps per side: the smoke test's size
+    python bench/vs_trl.py --side-by-side           # both sides at once, so both see the same load
 
 What is shared: the tiny recipe's prepared inputs (its random 2-layer Qwen3, the two-digit-addition
 task with 200 held-out problems, and the SFT warm start: one directory both sides start from), and
@@ -293,6 +294,8 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, default=None, help="work here instead of a deleted temporary folder")
     ap.add_argument("--tiny", action="store_true", help="3 steps, eval every 2, the debug recipe's 2 SFT steps (the smoke test)")
     ap.add_argument("--json", type=Path, default=None, help="also write the ratios here (bench/run_all.py reads it)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="run the two sides at the same time (they share the cores; for a machine whose load moves)")
     a = ap.parse_args()
     a.sft_steps = 2 if a.tiny else 375  # the recipe's warm start (its debug_minimal value for --tiny)
     if a.tiny:
@@ -301,7 +304,14 @@ def main() -> int:
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         engine = prepared_inputs(work, a.seed, a.sft_steps)
-        sides = [run_miles(work, a), run_trl(work, engine, a)]
+        if a.side_by_side:  # both at once: on a machine whose load moves, both sides see the same load
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                both = pool.submit(run_miles, work, a), pool.submit(run_trl, work, engine, a)
+                sides = [both[0].result(), both[1].result()]
+        else:
+            sides = [run_miles(work, a), run_trl(work, engine, a)]
     rows = summary(sides, a)
     if a.json:
         a.json.write_text(json.dumps({"bench": "vs_trl", "rows": rows}, indent=2))
