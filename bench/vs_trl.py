@@ -132,7 +132,7 @@ def run_miles(work: Path, a: argparse.Namespace) -> Side:
     # A step's time is the wall time between the records that end it and the step before (as TRL's
     # side measures it, between step ends): everything the loop does counts, logging included, not only
     # the part `perf/step_time` times. Steps with an eval (or the final save) are left out.
-    ends = {r["step"]: r["time"] for r in rows if "perf/step_time" in r}
+    ends = {r["step"]: r["time"] for r in rows if "perf/step_time" in r or r["step"] == 0}  # 0: the eval before training
     evals = {r["step"] for r in rows if "perf/eval_time" in r}
     side.step_s = [ends[s] - ends[s - 1] for s in sorted(ends) if s - 1 in ends and s not in evals]
     for r in rows:
