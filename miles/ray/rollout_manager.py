@@ -73,19 +73,19 @@ def when_all(futures: list[Future]) -> asyncio.Future:
     lock = threading.Lock()
 
     def settle() -> None:
-        if out.done():  # cancelled meanwhile (an aborted draw)
+        if out.done():  # cancelled meanwhile (an aborted draw), or already failed
             return
-        error = next((f.exception() for f in futures if f.cancelled() or f.exception() is not None), None)
-        if error is not None:
-            out.set_exception(error)
-        else:
-            out.set_result([f.result() for f in futures])
+        for f in futures:
+            if f.done() and (f.cancelled() or f.exception() is not None):
+                out.set_exception(asyncio.CancelledError() if f.cancelled() else f.exception())
+                return
+        out.set_result([f.result() for f in futures])
 
-    def one_done(_: Future) -> None:
+    def one_done(f: Future) -> None:
         with lock:
             left[0] -= 1
             last = left[0] == 0
-        if last:
+        if last or f.cancelled() or f.exception() is not None:  # an error is reported at once
             loop.call_soon_threadsafe(settle)
 
     if not futures:

@@ -171,6 +171,20 @@ def test_a_draw_is_submitted_together_and_when_all_keeps_order_and_errors():
         asyncio.run(run(fs, [(fs[1], ValueError("bad")), (fs[0], "a")]))
     assert asyncio.run(when_all_empty()) == []
 
+    async def first_error_without_waiting_for_the_rest():
+        fs = [Future() for _ in range(3)]
+        waiter = when_all(fs)
+        fs[1].set_exception(RuntimeError("engine died"))  # the other two never finish
+        with pytest.raises(RuntimeError, match="engine died"):
+            await asyncio.wait_for(waiter, 5)
+        fs2 = [Future(), Future()]
+        waiter2 = when_all(fs2)
+        fs2[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter2, 5)
+
+    asyncio.run(first_error_without_waiting_for_the_rest())
+
 
 async def when_all_empty():
     from miles.ray.rollout_manager import when_all
