@@ -14,8 +14,8 @@ forward+backward, and `optimizer.step`; weights handed to the engine (`update_we
 Real-loop part (`--run METRICS.JSONL`, e.g. the default `miles full-train`'s): the same step as the
 driver sees it, from the run's `perf/*` metrics: rollout (generation + reward + the manager's work),
 the trainer's own time, the Ray hop around it (train wait minus trainer time: argument transfer,
-result return), weight sync, and the rest of the step (offload/onload calls, logging, checkpoint
-bookkeeping). Medians over steps without eval or save. `--json` writes both for bench/run_all.py.
+result return), weight sync, and the rest of the step (the generate call's Ray hop, logging, the
+driver), plus the interval between step ends (everything the loop does). Medians over steps without eval or save. `--json` writes both for bench/run_all.py.
 """
 
 from __future__ import annotations
@@ -147,8 +147,10 @@ def real_loop(metrics: Path) -> dict[str, float]:
         "trainer's train call": med["perf/train_step_time"],
         "Ray hop around the train call": med["perf/train_time"] - med["perf/train_step_time"],
         "weight sync": med["perf/weight_sync_time"],
-        "rest (offload/onload calls, logging, driver)": med["perf/step_time"] - med["perf/rollout_time"] - med["perf/train_time"] - med["perf/weight_sync_time"],
+        "rest (the generate call's Ray hop, logging, driver)": med["perf/step_time"] - med["perf/rollout_time"] - med["perf/train_time"] - med["perf/weight_sync_time"],
         "step": med["perf/step_time"],
+        "step interval (between step ends, all included)": statistics.median(
+            merged[s]["time"] - merged[s - 1]["time"] for s in (r["step"] for r in rows) if s - 1 in merged and "perf/step_time" in merged[s - 1]),
         "steps counted": float(len(rows)),
     }
 
@@ -156,7 +158,7 @@ def real_loop(metrics: Path) -> dict[str, float]:
 def show(title: str, phases: dict[str, float], total: float) -> None:
     print(f"\n{title}")
     for k, v in phases.items():
-        if k in ("step", "steps counted"):
+        if k in ("step", "steps counted") or k.startswith("step interval"):
             continue
         print(f"  {k:48} {v * 1000:8.1f} ms {v / total:6.0%}")
     print(f"  {'total':48} {total * 1000:8.1f} ms")
@@ -183,6 +185,7 @@ def main() -> int:
     if a.run:
         loop = real_loop(a.run)
         show(f"one step of the real loop ({a.run}; median of {loop['steps counted']:.0f} steps)", loop, loop["step"])
+        print(f"  {'step interval (between step ends, all included)':48} {loop['step interval (between step ends, all included)'] * 1000:8.1f} ms")
         result["real_loop"] = loop
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))

@@ -4,6 +4,7 @@
     python bench/vs_trl.py                          # 150 GRPO steps per side, eval every 25 (~10 min on 2 cores)
     python bench/vs_trl.py --steps 500 --eval-interval 50 --target-acc 0.4
     python bench/vs_trl.py --tiny                   # 3 steps per side: the smoke test's size
+    python bench/vs_trl.py --side-by-side           # both sides at once, so both see the same load
 
 What is shared: the tiny recipe's prepared inputs (its random 2-layer Qwen3, the two-digit-addition
 task with 200 held-out problems, and the SFT warm start: one directory both sides start from), and
@@ -17,7 +18,7 @@ busy 2-core machine). Settings that cannot be made identical are listed in docs/
 
 Each side runs as its own process, launched from here: miles as `miles full-train` (its prepare steps
 are already complete, so it goes straight to Ray start-up and GRPO), TRL as this file with `--trl-child`.
-Reported per side: median step time (steps with an eval excluded), generated tokens/s during
+Reported per side: median step time (between consecutive step ends; steps with an eval excluded), generated tokens/s during
 generation, peak RSS of the whole process tree (Ray's processes included for miles), start to the end
 of the first RL step (eval excluded), and the held-out greedy accuracy against wall time since launch.
 The ratios come last (> 1 means miles is better). `--json PATH` also writes them for bench/run_all.py.
@@ -128,9 +129,13 @@ def run_miles(work: Path, a: argparse.Namespace) -> Side:
     rows = [json.loads(x) for x in (work / "runs" / "vs-trl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     side = Side("miles", peak_rss=peak, wall_s=wall)
     eval_s_before_first = sum(r.get("perf/eval_time", 0.0) for r in rows if r["step"] == 0)
+    # A step's time is the wall time between the records that end it and the step before (as TRL's
+    # side measures it, between step ends): everything the loop does counts, logging included, not only
+    # the part `perf/step_time` times. Steps with an eval (or the final save) are left out.
+    ends = {r["step"]: r["time"] for r in rows if "perf/step_time" in r or r["step"] == 0}  # 0: the eval before training
+    evals = {r["step"] for r in rows if "perf/eval_time" in r}
+    side.step_s = [ends[s] - ends[s - 1] for s in sorted(ends) if s - 1 in ends and s not in evals]
     for r in rows:
-        if "perf/step_time" in r and "perf/eval_time" not in r:
-            side.step_s.append(r["perf/step_time"])
         if "perf/rollout_tokens_per_s" in r:
             side.gen_tokens_per_s.append(r["perf/rollout_tokens_per_s"])
         if EVAL_KEY in r:
@@ -289,6 +294,8 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, default=None, help="work here instead of a deleted temporary folder")
     ap.add_argument("--tiny", action="store_true", help="3 steps, eval every 2, the debug recipe's 2 SFT steps (the smoke test)")
     ap.add_argument("--json", type=Path, default=None, help="also write the ratios here (bench/run_all.py reads it)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="run the two sides at the same time (they share the cores; for a machine whose load moves)")
     a = ap.parse_args()
     a.sft_steps = 2 if a.tiny else 375  # the recipe's warm start (its debug_minimal value for --tiny)
     if a.tiny:
@@ -297,7 +304,14 @@ def main() -> int:
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         engine = prepared_inputs(work, a.seed, a.sft_steps)
-        sides = [run_miles(work, a), run_trl(work, engine, a)]
+        if a.side_by_side:  # both at once: on a machine whose load moves, both sides see the same load
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                both = pool.submit(run_miles, work, a), pool.submit(run_trl, work, engine, a)
+                sides = [both[0].result(), both[1].result()]
+        else:
+            sides = [run_miles(work, a), run_trl(work, engine, a)]
     rows = summary(sides, a)
     if a.json:
         a.json.write_text(json.dumps({"bench": "vs_trl", "rows": rows}, indent=2))

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -147,10 +148,11 @@ def _reap(pids: list[int], timeout: float = 10.0) -> None:
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
     import ray
 
+    # torch and the rollout stack (seconds of imports; the driver needs them only to pick the device
+    # and name the actor classes) load on a thread while Ray's node starts, instead of before it.
+    stack = _import_in_background(("miles.ray.rollout_manager", "miles.ray.train_group"))
     from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
     from miles.ray.hosting import remote_object
-    from miles.ray.rollout_manager import RolloutManager, pick_device
-    from miles.ray.train_group import TrainWorker
     from miles.tracking import Tracker
     from miles.tracking.tracker import import_sinks_in_background
     from rich import get_console
@@ -160,28 +162,35 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
-    device = pick_device(cfg.cluster.device)
     # Colocated actors take turns on the same devices: each asks for half a device (and half a CPU) so
     # Ray places a trainer and the engine together; separate placement gives each a whole device.
     share = 0.5 if cfg.cluster.colocate else 1.0
     num_engines = rollout_bundles(cfg)  # engine servers' devices (--rollout-num-gpus), or the in-process engine
     num_cpus = max(os.cpu_count() or 1, world + num_engines)
-    options: dict[str, Any] = {"num_cpus": share}
-    if device == "cuda":
-        options["num_gpus"] = share
-        needed = world * share + share
-        visible = torch_device_count()
-        if not cfg.cluster.ray_address and visible < needed:  # a cluster's GPUs are Ray's to count
-            raise UserError(
-                f"this run needs {needed:g} GPUs ({world} training workers + the rollout engine"
-                f"{', colocated' if cfg.cluster.colocate else ', each on its own device'}) but {visible} are visible; "
-                "add --colocate or lower --actor-num-gpus-per-node.",
-                option="--colocate",
-            )
 
-    # MLflow's imports take seconds: overlap them with Ray's start and the actors' (the Tracker is built after).
-    import_sinks_in_background(cfg.tracking)
-    with ray_session(cfg, env or {}, num_cpus), placement(cfg, world, device) as bundle_of:
+    # MLflow's imports and its new store take seconds: made alongside Ray's start and the actors' (the
+    # Tracker, built after, opens them).
+    import_sinks_in_background(cfg.tracking, run_dir)
+    with contextlib.ExitStack() as session:
+        session.enter_context(ray_session(cfg, env or {}, num_cpus))
+        stack.join()
+        from miles.ray.rollout_manager import RolloutManager, pick_device
+        from miles.ray.train_group import TrainWorker
+
+        device = pick_device(cfg.cluster.device)
+        options: dict[str, Any] = {"num_cpus": share}
+        if device == "cuda":
+            options["num_gpus"] = share
+            needed = world * share + share
+            visible = torch_device_count()
+            if not cfg.cluster.ray_address and visible < needed:  # a cluster's GPUs are Ray's to count
+                raise UserError(
+                    f"this run needs {needed:g} GPUs ({world} training workers + the rollout engine"
+                    f"{', colocated' if cfg.cluster.colocate else ', each on its own device'}) but {visible} are visible; "
+                    "add --colocate or lower --actor-num-gpus-per-node.",
+                    option="--colocate",
+                )
+        bundle_of = session.enter_context(placement(cfg, world, device))
         if cfg.cluster.rollout_num_gpus or cfg.rollout.rollout_backend == "sglang":
             # Engine servers in their own bundles; the manager only coordinates.
             engine_options = _engine_actor_options(cfg, options, bundle_of, device)
@@ -252,15 +261,17 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 for rollout_id in range(start, d.num_rollout):
                     step = rollout_id + 1
                     t0 = time.perf_counter()
-                    out = wait(manager.generate.remote(rollout_id), f"rollout {rollout_id} to generate")
-                    metrics = dict(out["metrics"])
+                    # Two results: the metrics come to the driver; the train data goes from the manager
+                    # to the workers by reference, never unpickled and pickled again here.
+                    data_ref, metrics_ref = manager.generate_split.options(num_returns=2).remote(rollout_id)
+                    metrics = dict(wait(metrics_ref, f"rollout {rollout_id} to generate"))
                     if not cfg.debug.debug_rollout_only:
                         t1 = time.perf_counter()
                         if c.offload_rollout:
                             wait(manager.offload.remote(), "the rollout engine to move to host memory")
                         if c.offload_train:
                             _each(workers, "onload", "the trainer to move back to the device")
-                        results = wait([w.train.remote(out["train_data"], rollout_id) for w in workers], f"training on rollout {rollout_id}")
+                        results = wait([w.train.remote(data_ref, rollout_id) for w in workers], f"training on rollout {rollout_id}")
                         metrics.update(results[0])
                         metrics["perf/train_time"] = time.perf_counter() - t1
                     # Logged before the checkpoint: a run killed after its save has no unlogged training step.
@@ -302,6 +313,24 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             # its current one: ray_session's end_hosted_actors kills it at once, its router follows
             # (PR_SET_PDEATHSIG) and Ray ends the engine server actors it owns.
         return RunResult(run_dir, d.num_rollout, first_eval, last_eval, plot, resumed_from)
+
+
+def _import_in_background(modules: tuple[str, ...]) -> threading.Thread:
+    """Import `modules` on a thread (join it before using them; an import error is raised again there,
+    where the caller imports them itself)."""
+
+    def run() -> None:
+        import importlib
+
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - re-raised by the caller's own import
+                return
+
+    thread = threading.Thread(target=run, name="miles-import-driver-stack")
+    thread.start()
+    return thread
 
 
 def rollout_bundles(cfg: EngineConfig) -> int:

@@ -52,11 +52,16 @@ class _Host:
 
 
 class _Method:
-    def __init__(self, handle, name: str):
-        self._handle, self._name = handle, name
+    def __init__(self, handle, name: str, options: dict[str, Any] | None = None):
+        self._handle, self._name, self._options = handle, name, options
+
+    def options(self, **options: Any) -> "_Method":
+        """Ray call options, as on an actor method: `obj.rollout.options(num_returns=2).remote(...)`."""
+        return _Method(self._handle, self._name, options)
 
     def remote(self, *args: Any, **kwargs: Any):
-        return self._handle.call.remote(self._name, *args, **kwargs)
+        call = self._handle.call.options(**self._options) if self._options else self._handle.call
+        return call.remote(self._name, *args, **kwargs)
 
 
 class RemoteObject:

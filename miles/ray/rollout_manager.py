@@ -21,10 +21,13 @@ uninterrupted run would have.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +56,9 @@ def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "trai
 
 
 def _as_fresh(s: Sample) -> Sample:
-    """A sample given back to the data source: its prompt and numbering, no response."""
+    """A sample given back to the data source: its prompt (and prompt token ids) and numbering, no response."""
     return dataclasses.replace(
-        s, tokens=[], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None
+        s, tokens=s.tokens[: len(s.tokens) - s.response_length], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None
     )
 
 
@@ -66,6 +69,39 @@ def engine_tp_size(cfg: EngineConfig) -> int:
     from miles.rollout.sglang.launch import engine_layout
 
     return engine_layout(cfg).gpus_per_engine
+
+
+def when_all(futures: list[Future]) -> asyncio.Future:
+    """An asyncio future of the results of `futures` (concurrent futures, e.g. engine requests), in
+    order, or the first error. The event loop wakes once, when the last one is done, instead of once
+    per request as `asyncio.gather(*map(asyncio.wrap_future, futures))` would: each wake-up takes the
+    GIL from the engine's scheduler thread while it generates."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future = loop.create_future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def settle() -> None:
+        if out.done():  # cancelled meanwhile (an aborted draw), or already failed
+            return
+        for f in futures:
+            if f.done() and (f.cancelled() or f.exception() is not None):
+                out.set_exception(asyncio.CancelledError() if f.cancelled() else f.exception())
+                return
+        out.set_result([f.result() for f in futures])
+
+    def one_done(f: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last or f.cancelled() or f.exception() is not None:  # an error is reported at once
+            loop.call_soon_threadsafe(settle)
+
+    if not futures:
+        out.set_result([])
+    for f in futures:
+        f.add_done_callback(one_done)
+    return out
 
 
 def pick_device(device: str) -> str:
@@ -128,8 +164,13 @@ class RolloutManager:
         id and the sample index), and its new tokens are capped so prompt + response stay within
         --rollout-max-context-len."""
         context = self.cfg.rollout.rollout_max_context_len
-        prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
-        s.tokens = list(prompt_ids)
+        if s.tokens and s.response_length == 0:
+            # The prompt's ids, tokenized once when the dataset was read (PromptDataset keeps them):
+            # re-encoding the same prompt for each of its samples every step was a tenth of a step.
+            prompt_ids = list(s.tokens)
+        else:
+            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
+            s.tokens = list(prompt_ids)
         max_new = params.max_new_tokens if context is None else max(0, min(params.max_new_tokens, context - len(prompt_ids)))
         seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
         return GenerateRequest(
@@ -150,14 +191,31 @@ class RolloutManager:
         s.weight_version = resp.weight_version
         return s.response_length
 
-    async def _run(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> int:
-        """Generate `samples` (in place) through the engine, all requests in flight at once; returns tokens."""
+    def _submit(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> list:
+        """Submit one request per sample; returns their futures."""
         reqs = [
             self._request(s, rollout_id=rollout_id, purpose=purpose, params=params, rid=None if rid is None else f"{rid}{j:04d}")
             for j, s in enumerate(samples)
         ]
-        responses = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(q)) for q in reqs))
+        return [self.engine.submit(q) for q in reqs]
+
+    async def _fill_all(self, samples: list[Sample], futures: list) -> int:
+        """Wait for `futures` and fill `samples` (in place) with their responses; returns tokens."""
+        responses = await when_all(futures)
         return sum(self._fill(s, resp) for s, resp in zip(samples, responses))
+
+    async def _run(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> int:
+        """Generate `samples` (in place) through the engine, all requests in flight at once; returns tokens."""
+        with self._submitting():
+            futures = self._submit(samples, rollout_id=rollout_id, purpose=purpose, params=params, rid=rid)
+        return await self._fill_all(samples, futures)
+
+    def _submitting(self):
+        """Context in which submitted requests reach the engine's scheduler together (one batch) rather
+        than a few at a time as the scheduler wakes up between them; engines without a scheduler of
+        their own (servers behind a router) need nothing."""
+        together = getattr(self.engine, "submitting_together", None)
+        return together() if together is not None else contextlib.nullcontext()
 
     def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams) -> int:
         """Fill `samples` in place with responses; return the number of generated tokens."""
@@ -172,10 +230,9 @@ class RolloutManager:
 
         asyncio.run(score_all())
 
-    async def _group(self, group: list[Sample], *, rollout_id: int, purpose: str, rid: str) -> int:
-        """Generate and score one prompt group."""
-        params = SamplingParams.from_rollout_config(self.cfg.rollout)
-        tokens = await self._run(group, rollout_id=rollout_id, purpose=purpose, params=params, rid=rid)
+    async def _group(self, group: list[Sample], futures: list) -> int:
+        """Wait for one submitted prompt group and score it."""
+        tokens = await self._fill_all(group, futures)
         for s, reward in zip(group, await compute_group_rewards(self.cfg.reward, group)):
             s.reward = reward
         return tokens
@@ -190,6 +247,7 @@ class RolloutManager:
         counts: dict[str, float] = {}
         pending: dict[asyncio.Future, tuple[int, list[Sample]]] = {}
         tokens = pulls = drawn = 0
+        params = SamplingParams.from_rollout_config(r)
         while len(kept) < target:
             if len(pending) < target - len(kept):
                 pulls += 1
@@ -199,12 +257,15 @@ class RolloutManager:
                         "batches; loosen --dynamic-sampling-filter-path or raise --over-sampling-batch-size.",
                         option="--dynamic-sampling-filter-path",
                     )
-                for g in self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt):
+                groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
+                with self._submitting():  # the whole draw is submitted before the scheduler looks
+                    futures = [
+                        self._submit(g, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn + k + 1:06d}-")
+                        for k, g in enumerate(groups)
+                    ]
+                for g, f in zip(groups, futures):
                     drawn += 1
-                    task = asyncio.ensure_future(
-                        self._group(g, rollout_id=rollout_id, purpose=f"train{pulls}", rid=f"{prefix}{drawn:06d}-")
-                    )
-                    pending[task] = (drawn, g)
+                    pending[asyncio.ensure_future(self._group(g, f))] = (drawn, g)
                 continue
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=lambda t: pending[t][0]):
@@ -233,6 +294,13 @@ class RolloutManager:
         if spare:  # drawn but not needed: their prompts come back first next time, as fresh prompts
             self.data_source.add_samples([[_as_fresh(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
         return [g for _, g in sorted(kept, key=lambda x: x[0])], counts, tokens
+
+    def generate_split(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """`generate` as (train data, metrics): the driver calls it with `num_returns=2`, so the train
+        data stays in Ray's object store and goes to the training workers as a reference; the driver
+        reads only the metrics."""
+        out = self.generate(rollout_id)
+        return out["train_data"], out["metrics"]
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""

@@ -27,6 +27,8 @@ What it is not: generation, rewards or dynamic-sampling filters (`miles/rollout/
 from __future__ import annotations
 
 import copy
+import dataclasses
+import enum
 import json
 import random
 from collections import deque
@@ -230,6 +232,30 @@ class PromptDataset(Sequence[Sample]):
         return self._samples[i]
 
 
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), enum.Enum, tuple, frozenset)
+
+
+def fresh_copy(prompt: Sample) -> Sample:
+    """An independent copy of a dataset sample, as `copy.deepcopy` would make it, at a fraction of the
+    cost: immutable fields are shared, empty containers replaced by new empty ones, and only non-empty
+    containers (metadata, chat messages, a list label) deep-copied. Each of a group's samples may then
+    be changed (metadata by a custom reward, tokens by the rollout) without touching its siblings or
+    the dataset. (`deepcopy` of every sample was about a third of the rollout manager's own time.)"""
+    sample = copy.copy(prompt)
+    for f in _FIELDS:
+        value = getattr(prompt, f)
+        if isinstance(value, _IMMUTABLE) and not (isinstance(value, (tuple, frozenset)) and value):
+            continue  # a non-empty tuple may hold mutable items: deep-copied below
+        if type(value) is list and all(type(x) is int for x in value):
+            setattr(sample, f, list(value))  # token ids
+        else:
+            setattr(sample, f, type(value)() if type(value) in (list, dict, set) and not value else copy.deepcopy(value))
+    return sample
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+
+
 class RolloutDataSource:
     """Hands out prompt groups epoch after epoch, with a buffer of returned groups and a saved position."""
 
@@ -282,7 +308,7 @@ class RolloutDataSource:
             self.num_groups_handed_out += 1
             group = []
             for j in range(n_samples_per_prompt):
-                sample = copy.deepcopy(prompt)
+                sample = fresh_copy(prompt)
                 sample.group_index = group_index
                 sample.index = group_index * n_samples_per_prompt + j
                 sample.status = SampleStatus.PENDING

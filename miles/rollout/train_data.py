@@ -95,6 +95,13 @@ def normalize_rewards(raw_rewards: list[float], groups: list[list[int]], algo: A
         return list(raw_rewards)
     std = algo.advantage_estimator in STD_NORMALIZED_ESTIMATORS and not algo.disable_grpo_std_normalization
     rewards = torch.tensor(raw_rewards, dtype=torch.float32)
+    sizes = {len(idx) for idx in groups}
+    if len(sizes) == 1:  # equal groups (the usual case): one call over all of them, not one per group
+        n = sizes.pop()
+        order = torch.tensor([i for idx in groups for i in idx], dtype=torch.long)
+        out = torch.empty_like(rewards)
+        out[order] = normalize_group_rewards(rewards[order], n, std_normalization=std)
+        return out.tolist()
     out = torch.empty_like(rewards)
     for idx in groups:
         ix = torch.tensor(idx, dtype=torch.long)

@@ -22,6 +22,8 @@ by any other exception as FAILED. Without `with`, call `finish(status)` yourself
 Failure policy: the JSONL file is the record of the run, so an error writing it propagates. An error
 in another sink's `log` (an MLflow server that went away) is logged with its traceback the first
 time, counted in `sink_errors`, and the run goes on (`strict=True` makes it propagate, for tests).
+MLflow's writes run on a thread of their own (`miles.tracking.background`; not with `strict=True`):
+`log` returns at once and `finish` waits until the store has every record.
 `finish` closes every sink even when one fails to close, then reports the failures with a warning
 and returns them. This module decides nothing about *what* is logged: see metric_names.py.
 """
@@ -46,26 +48,43 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 RESERVED_KEYS = ("step", "time")  # the JSONL record's own fields
 
 
-def import_sinks_in_background(cfg: TrackingConfig) -> threading.Thread | None:
+def import_sinks_in_background(cfg: TrackingConfig, run_dir: str | Path | None = None) -> threading.Thread | None:
     """Start importing the packages of the sinks `cfg` enables (MLflow alone is seconds of imports)
     on a thread, so a caller that builds the `Tracker` later (the driver, after Ray and its actors
-    start) finds them imported. Creates nothing: no store, no file, no run. An import that fails
-    here is left to fail again, with its message, where the `Tracker` imports it. Not a daemon: a
-    run that ends early waits the seconds the imports take rather than exit in the middle of one."""
+    start) finds them imported. With `run_dir` and MLflow's default store, the empty store is made
+    too, in a temporary directory (`mlflow_sink.prepare_default_store`). Creates nothing under
+    `run_dir` and no run. An import that fails here is left to fail again, with its message, where
+    the `Tracker` imports it. Not a daemon: a run that ends early waits the seconds the imports take
+    rather than exit in the middle of one."""
     modules = [name for name, on in (("miles.tracking.mlflow_sink", cfg.use_mlflow), ("mlflow.tracking", cfg.use_mlflow),
                                       ("mlflow.store.tracking.sqlalchemy_store", cfg.use_mlflow),
                                       ("miles.tracking.tensorboard_sink", cfg.use_tensorboard)) if on]
     if not modules:
         return None
 
+    prepare = cfg.use_mlflow and not cfg.mlflow_tracking_uri and run_dir is not None
+    if prepare:
+        from miles.tracking.mlflow_sink import expect_prepared_store  # light: mlflow itself is imported below
+
+        expect_prepared_store(Path(run_dir))
+
     def run() -> None:
         import importlib
 
-        for name in modules:
-            try:
+        try:
+            for name in modules:
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - reported by the Tracker's own import
-                return
+            if prepare:
+                from miles.tracking.mlflow_sink import prepare_default_store
+
+                prepare_default_store(Path(run_dir))
+        except Exception:  # noqa: BLE001 - the Tracker imports (and makes the store) again, and reports
+            log.debug("importing the sinks / preparing the MLflow store ahead of time failed", exc_info=True)
+        finally:
+            if prepare:
+                from miles.tracking.mlflow_sink import prepare_default_store_failed
+
+                prepare_default_store_failed(Path(run_dir))
 
     thread = threading.Thread(target=run, name="miles-import-tracking-sinks", daemon=False)
     thread.start()
@@ -122,6 +141,7 @@ class Tracker:
         self.run_id = run_id
         self.strict = strict
         self.sink_errors: dict[str, int] = {}
+        self._errors_lock = threading.Lock()
         self._finished = False
         self.jsonl = JsonlSink(self.run_dir, resume_step=resume_step)
         self.sinks: list[Sink] = [self.jsonl]
@@ -131,6 +151,10 @@ class Tracker:
                 from miles.tracking.mlflow_sink import MlflowSink
 
                 self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params)
+                if not strict:  # its store's writes off the loop's path (strict: errors raise in log())
+                    from miles.tracking.background import BackgroundSink
+
+                    self.mlflow = BackgroundSink(self.mlflow, on_error=self._sink_failed)
                 self.sinks.append(self.mlflow)
             if cfg.use_tensorboard:
                 from miles.tracking.tensorboard_sink import TensorBoardSink
@@ -172,13 +196,18 @@ class Tracker:
             except Exception:
                 if self.strict:
                     raise
-                count = self.sink_errors.get(sink.name, 0) + 1
-                self.sink_errors[sink.name] = count
-                if count == 1:
-                    log.exception(
-                        "metrics sink %s failed at step %d; the run continues, later failures are counted",
-                        sink.name, step,
-                    )
+                self._sink_failed(sink, step)
+
+    def _sink_failed(self, sink: Sink, step: int) -> None:
+        """Count a failed write (called inside the `except`, from `log` or a background writer)."""
+        with self._errors_lock:
+            count = self.sink_errors.get(sink.name, 0) + 1
+            self.sink_errors[sink.name] = count
+        if count == 1:
+            log.exception(
+                "metrics sink %s failed at step %d; the run continues, later failures are counted",
+                sink.name, step,
+            )
 
     def finish(self, status: Status = "FINISHED") -> dict[str, BaseException]:
         """Close every sink (each one even if another fails); returns {sink name: error} for those that failed."""

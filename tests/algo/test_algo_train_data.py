@@ -116,3 +116,31 @@ def test_custom_hooks_replace_normalisation_or_conversion():
         samples, algo=make_cfg(), n_samples_per_prompt=2, reward_key=None, custom_convert=lambda a, s: {"n": len(s)}
     )
     assert data == {"n": 2}
+
+
+def test_equal_groups_are_normalised_in_one_call_bit_for_bit_like_one_group_at_a_time():
+    """The vectorised path (all groups one size) gives exactly the per-group numbers, groups in any order."""
+    import random
+
+    import torch
+
+    from miles.algo.advantages import normalize_group_rewards
+    from miles.config.algo import AlgoConfig
+    from miles.rollout.train_data import normalize_rewards
+
+    rng = random.Random(0)
+    for estimator in ("grpo", "reinforce_plus_plus_baseline"):
+        algo = AlgoConfig(advantage_estimator=estimator)
+        for n in (1, 2, 8):
+            raw = [rng.choice((0.0, 1.0, rng.uniform(-3, 3))) for _ in range(32 * n)]
+            index = list(range(len(raw)))
+            rng.shuffle(index)  # groups by group_index need not be consecutive
+            groups = [index[i : i + n] for i in range(0, len(raw), n)]
+            expected = torch.empty(len(raw))
+            for idx in groups:
+                ix = torch.tensor(idx)
+                expected[ix] = normalize_group_rewards(torch.tensor(raw)[ix], n, std_normalization=estimator == "grpo")
+            got = normalize_rewards(raw, groups, algo)
+            assert got == expected.tolist()
+    mixed = normalize_rewards([1.0, 0.0, 1.0, 1.0, 0.0], [[0, 1], [2, 3, 4]], AlgoConfig(advantage_estimator="grpo"))
+    assert mixed[:2] == pytest.approx([0.7071, -0.7071], abs=1e-4) and sum(mixed[2:]) == pytest.approx(0.0, abs=1e-6)

@@ -255,3 +255,17 @@ def test_single_step_rollouts_reuse_the_training_forward_as_old_log_probs(tiny_h
             k: v for k, v in m_slow.items() if k.startswith("train/")
         }
     assert_bit_equal(weights(fast), weights(slow))
+
+
+def test_two_steps_per_rollout_still_compute_old_log_probs_before_the_first_update(tiny_hf_dir):
+    """The reuse above is only exact with one optimizer step: with two, step 2's old log-probs must be the
+    pre-update policy's (a reuse would make its ratio exactly 1 and train on different numbers)."""
+    data = make_train_data(8, seed=11, with_rollout_log_probs=True)
+    kw = dict(global_batch_size=4, num_steps_per_rollout=2, lr=1e-2)
+    default, separate = make_trainer(tiny_hf_dir, **kw), make_trainer(tiny_hf_dir, **kw)
+    separate.reuse_on_policy_log_probs = False  # always the separate no-grad pass
+    m_default, m_separate = default.train_step(data, rollout_id=0), separate.train_step(data, rollout_id=0)
+    train = lambda m: {k: v for k, v in m.items() if k.startswith("train/")}  # noqa: E731
+    assert train(m_default) == train(m_separate)
+    assert_bit_equal(weights(default), weights(separate))
+    assert m_default["train/ratio_max"] > 1.0 or m_default["train/ratio_min"] < 1.0  # step 2 is off-policy

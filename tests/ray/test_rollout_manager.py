@@ -128,3 +128,87 @@ def test_dynamic_sampling_aborts_in_flight_groups_and_they_come_back_next_step(s
     # Next step: the aborted groups are the first ones drawn (and kept).
     nxt = m.generate(1)
     assert nxt["train_data"]["sample_indices"] == [4, 5, 6, 7]
+
+
+def test_every_request_carries_exactly_its_prompt_ids_and_nothing_is_re_tokenized(setup):
+    """Prompt ids come from the dataset (tokenized once) and survive an abort without the partial response."""
+    m = make(setup, over_sampling_batch_size=8, rollout_max_batch_size=2, rollout_max_response_len=40)
+    m.engine.eos_token_ids = frozenset()  # long responses: the aborted groups come back with partial ones
+    prompt_ids = [m.tokenizer.encode(s.prompt, add_special_tokens=False) for s in m.dataset]
+    sent, encodes = [], []
+    submit, encode = m.engine.submit, m.tokenizer.encode
+    m.engine.submit = lambda q: (sent.append(list(q.input_ids)), submit(q))[1]
+    m.tokenizer.encode = lambda *a, **k: (encodes.append(a), encode(*a, **k))[1]
+    first = m.generate(0)
+    assert first["metrics"]["rollout/aborted_groups"] > 0
+    second = m.generate(1)  # starts with the aborted groups
+    assert len(sent) == 8 * 2 + 8 * 2 and all(ids in prompt_ids for ids in sent)
+    assert encodes == []  # no prompt was tokenized again
+    for out in (first, second):
+        for tokens, n in zip(out["train_data"]["tokens"], out["train_data"]["response_lengths"]):
+            assert tokens[: len(tokens) - n] in prompt_ids
+
+
+def test_a_draw_is_submitted_together_and_when_all_keeps_order_and_errors():
+    import asyncio
+    from concurrent.futures import Future
+
+    from miles.ray.rollout_manager import when_all
+
+    async def run(futures, finish):
+        waiter = when_all(futures)
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        for f, value in finish:
+            (f.set_exception if isinstance(value, Exception) else f.set_result)(value)
+            await asyncio.sleep(0)
+        return await waiter
+
+    fs = [Future() for _ in range(3)]
+    assert asyncio.run(run(fs, [(fs[2], "c"), (fs[0], "a"), (fs[1], "b")])) == ["a", "b", "c"]
+    fs = [Future() for _ in range(2)]
+    with pytest.raises(ValueError, match="bad"):
+        asyncio.run(run(fs, [(fs[1], ValueError("bad")), (fs[0], "a")]))
+    assert asyncio.run(when_all_empty()) == []
+
+    async def first_error_without_waiting_for_the_rest():
+        fs = [Future() for _ in range(3)]
+        waiter = when_all(fs)
+        fs[1].set_exception(RuntimeError("engine died"))  # the other two never finish
+        with pytest.raises(RuntimeError, match="engine died"):
+            await asyncio.wait_for(waiter, 5)
+        fs2 = [Future(), Future()]
+        waiter2 = when_all(fs2)
+        fs2[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter2, 5)
+
+    asyncio.run(first_error_without_waiting_for_the_rest())
+
+
+async def when_all_empty():
+    from miles.ray.rollout_manager import when_all
+
+    return await when_all([])
+
+
+def test_one_draw_reaches_the_engine_inside_submitting_together(setup):
+    m = make(setup, over_sampling_batch_size=3)
+    inside = [False]
+    calls: list[bool] = []
+    lock = m.engine.submitting_together()
+
+    class Together:
+        def __enter__(self):
+            lock.__enter__()
+            inside[0] = True
+
+        def __exit__(self, *exc):
+            inside[0] = False
+            return lock.__exit__(*exc)
+
+    m.engine.submitting_together = Together
+    submit = m.engine.submit
+    m.engine.submit = lambda q: (calls.append(inside[0]), submit(q))[1]
+    m.generate(0)
+    assert len(calls) == 6 and all(calls)  # 3 groups x 2 samples, every one inside the one batch

@@ -276,6 +276,11 @@ class BuiltinEngine(RolloutEngine):
                 raise TimeoutError(f"generate() waited {self.wait_timeout_s:.0f} s for {len(requests)} responses") from None
         return out
 
+    def submitting_together(self) -> threading.Condition:
+        """`with engine.submitting_together(): submit(...) ...`: requests submitted inside reach the
+        scheduler as one batch, as `generate` admits its requests (the rollout manager's draws)."""
+        return self._cond
+
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Finish matching requests now with finish_reason "abort" (SGLang: rid prefix match)."""
         with self._cond:

@@ -1,0 +1,98 @@
+"""MLflow's writes on a thread (miles/tracking/background.py): log returns at once, close writes everything."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from miles.config.tracking import TrackingConfig
+from miles.tracking import Tracker
+from miles.tracking.background import BackgroundSink
+
+
+class SlowSink:
+    name = "slow"
+
+    def __init__(self, fail_steps=()):
+        self.calls: list[list[tuple[dict, int]]] = []
+        self.closed = None
+        self.fail_steps = set(fail_steps)
+        self.gate = threading.Event()
+
+    def log_many(self, records):
+        self.gate.wait(5)
+        if any(step in self.fail_steps for _, step in records):
+            raise RuntimeError("store went away")
+        self.calls.append(list(records))
+
+    def log(self, metrics, step):
+        if step in self.fail_steps:
+            raise RuntimeError("store went away")
+        self.calls.append([(dict(metrics), step)])
+
+    def close(self, status):
+        self.closed = status
+
+
+def test_log_does_not_wait_for_the_store_and_close_writes_everything_in_order():
+    inner, errors = SlowSink(), []
+    sink = BackgroundSink(inner, on_error=lambda s, step: errors.append(step))
+    t0 = time.perf_counter()
+    for step in range(5):
+        sink.log({"x": float(step)}, step)
+    assert time.perf_counter() - t0 < 1.0 and inner.calls == []  # the store is blocked; log was not
+    inner.gate.set()
+    sink.close("FINISHED")
+    written = [(m["x"], step) for call in inner.calls for m, step in call]
+    assert written == [(float(s), s) for s in range(5)] and inner.closed == "FINISHED" and errors == []
+    assert len(inner.calls) < 5  # what queued up while the store was busy went in one write
+
+
+def test_a_failing_write_is_reported_and_the_others_still_land():
+    inner, errors = SlowSink(fail_steps={2}), []
+    inner.gate.set()
+    sink = BackgroundSink(inner, on_error=lambda s, step: errors.append(step))
+    for step in range(4):
+        sink.log({"x": float(step)}, step)
+    sink.close("FAILED")
+    assert errors == [2] and sorted(step for call in inner.calls for _, step in call) == [0, 1, 3]
+
+
+def test_the_tracker_writes_mlflow_in_the_background_and_finish_leaves_every_step(tmp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=tmp_path, run_id="bg", params={})
+    assert isinstance(t.mlflow, BackgroundSink)
+    for step in range(20):
+        t.log({"rollout/raw_reward": step / 10}, step=step)
+    t.finish()
+    history = MlflowClient(t.mlflow.tracking_uri).get_metric_history(t.mlflow.run_id, "rollout/raw_reward")
+    assert sorted((m.step, m.value) for m in history) == [(s, s / 10) for s in range(20)]
+    assert MlflowClient(t.mlflow.tracking_uri).get_run(t.mlflow.run_id).info.status == "FINISHED"
+
+
+def test_the_mlflow_store_is_made_ahead_outside_the_run_dir_and_moved_in(tmp_path: Path):
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from miles.tracking import mlflow_sink
+    from miles.tracking.tracker import import_sinks_in_background
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = TrackingConfig(use_mlflow=True)
+    thread = import_sinks_in_background(cfg, run_dir)
+    thread.join(120)
+    assert os.listdir(run_dir) == []  # nothing under the run dir before the Tracker
+    prepared = mlflow_sink._PREPARED[str(run_dir.resolve() / "mlflow.db")]
+    assert prepared.exists() and run_dir not in prepared.parents
+    t = Tracker(cfg, run_dir=run_dir, run_id="ahead", params={"seed": 3})
+    t.log({"rollout/raw_reward": 0.5}, step=1)
+    t.finish()
+    assert not prepared.exists() and (run_dir / "mlflow.db").exists()  # moved, not made a second time
+    client = MlflowClient(t.mlflow.tracking_uri)
+    run = client.get_run(t.mlflow.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["seed"] == "3"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rollout/raw_reward")] == [(1, 0.5)]
