@@ -25,6 +25,7 @@ import typer
 
 from miles.errors import UserError
 from miles_cli import summaries
+from miles_cli.argv import flag_value
 from miles_cli.help import MilesCommand, MilesGroup, print_error
 from miles_cli.lazy import Pending, typer_command, typer_group
 
@@ -39,15 +40,7 @@ def recipe_name_from(argv: list[str]) -> str:
     from recipes import DEFAULT_RECIPE
     from recipes.base import ENV_PREFIX
 
-    name = None
-    for i, token in enumerate(argv):
-        if token == "--":
-            break
-        if token == "--model-name" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif token.startswith("--model-name="):
-            name = token.split("=", 1)[1]
-    return name or os.environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE
+    return flag_value(argv, "--model-name") or os.environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE
 
 
 def _command_args(argv: list[str], command: str) -> list[str] | None:
@@ -135,6 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         check_removed_flags(argv)
+        from miles_cli.fast_help import help_text
+
+        text = help_text(argv)  # a run command's help, from the declarations (no command built)
+        if text is not None:
+            typer.echo(text)
+            raise SystemExit(0)
         app = build_app(argv)
     except UserError as e:
         print_error(str(e))
