@@ -11,8 +11,7 @@ flags, never the command's own options).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
@@ -28,8 +27,7 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
-@dataclass(frozen=True)
-class HelpRequest:
+class HelpRequest(NamedTuple):
     """A run command's arguments that only ask for its help (miles_cli/fast_help.py)."""
 
     group: str | None  # None: --help; "all": --help-all; else the value of --help-group

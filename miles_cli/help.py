@@ -19,9 +19,11 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 import functools
+import itertools
 import re
 import sys
 import textwrap
@@ -222,7 +224,7 @@ def _show_help(fixed: str | None):
 
 def help_docs(panels: list[str]) -> list[FlagDoc]:
     """The FlagDocs of `--help-all` and `--help-group GROUP` for a command with these option panels."""
-    from miles.docs.model import FlagDoc
+    from miles.docs.flag import FlagDoc
 
     slugs = tuple(panel_slug(p) for p in panels)
     return [
@@ -260,11 +262,44 @@ def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]
     ]
 
 
+_SPACES = re.compile(r"( +)")
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)`: lines of at most
+    `width` characters broken at spaces, a longer word alone on its line, spaces at a break dropped.
+
+    textwrap's general loop cost most of the time of a help that shows SGLang's ~600 options; for
+    text whose only whitespace is the space (all of miles' help) this is the same greedy fill without
+    its generality, and anything else goes to textwrap (tests/cli/test_fast_help.py compares both).
+    """
+    if not (text.isascii() and text.isprintable()):
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+    chunks = [c for c in _SPACES.split(text) if c]  # words and runs of spaces, alternating; they make up text
+    ends = list(itertools.accumulate(map(len, chunks)))  # where each chunk ends in text
+    lines: list[str] = []
+    i, n = 0, len(chunks)
+    while i < n:
+        if lines and chunks[i][0] == " ":  # a line never starts with the spaces it broke at (the first may)
+            i += 1
+            if i == n:
+                break
+        start = i
+        offset = ends[start - 1] if start else 0
+        i = bisect.bisect_right(ends, offset + width, start)  # the chunks that fit, greedily
+        if i == start:  # a word longer than the line: alone on it, never cut
+            i += 1
+        end = i - 1 if chunks[i - 1][0] == " " else i  # nor ends with them
+        if end > start:
+            lines.append(text[offset : ends[end - 1]])
+    return lines
+
+
 def write_text(formatter: Any, text: str) -> None:
     """A paragraph at the current indent, wrapped at spaces only (flags are never split)."""
     indent = " " * formatter.current_indent
     width = max(formatter.width - formatter.current_indent, 30)
-    for line in textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False):
+    for line in wrap_words(text, width):
         formatter.write(indent + line + "\n")
 
 
@@ -275,12 +310,12 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]], col_max: int = 32) -
     first_width = min(max(len(first) for first, _ in rows), col_max)
     text_width = max(formatter.width - indent - first_width - 2, 30)
     for first, text in rows:
-        lines = textwrap.wrap(text, text_width, break_on_hyphens=False, break_long_words=False) or [""]
+        lines = wrap_words(text, text_width) or [""]
         if len(first) <= first_width:
             formatter.write(f"{'':{indent}}{first:<{first_width}}  {lines[0]}\n")
             lines = lines[1:]
         else:  # on its own line(s): `--long-flag / --no-long-flag` breaks after the slash, never inside a flag
-            for part in textwrap.wrap(first, max(formatter.width - indent, 30), break_on_hyphens=False, break_long_words=False):
+            for part in wrap_words(first, max(formatter.width - indent, 30)):
                 formatter.write(f"{'':{indent}}{part}\n")
         for line in lines:
             formatter.write(f"{'':{indent + first_width + 2}}{line}\n")

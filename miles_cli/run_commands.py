@@ -34,7 +34,7 @@ from miles_cli.api import (
     resolve_invocation,
 )
 from miles.config.engine import OptionSpec
-from miles.docs.model import FlagDoc
+from miles.docs.flag import FlagDoc
 from miles_cli import summaries
 from miles_cli.argv import help_request
 from miles_cli.errors import user_errors_exit_2

@@ -84,7 +84,7 @@ def _miles_flags(text: str, prefix: str, names: set[str]) -> str:
         name = m.group(1).replace("-", "_")
         return f"--{prefix}{m.group(1)}" if name in names else f"SGLang's {m.group(1)}"
 
-    return re.sub(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", swap, text)
+    return re.sub(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", swap, text) if "--" in text else text
 
 
 def _short_help(text: str) -> str:

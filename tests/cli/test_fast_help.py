@@ -173,3 +173,24 @@ def test_extra_args_from_the_environment_reach_help_and_dry_run(tmp_path):
     dry = subprocess.run([*MILES, "train", "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert dry_run_ok(dry), dry.stderr[-2000:]
     assert table_rows(dry.stdout)["--lr"] == ("1e-05", "--extra-args")
+
+
+def test_wrap_words_is_textwraps_wrap(monkeypatch):
+    """Help wraps with its own greedy fill (miles_cli/help.py); it must break exactly where textwrap does."""
+    import random
+    import textwrap
+
+    from miles_cli import help as help_module
+
+    texts: list[str] = []
+    original = help_module.write_rows
+    monkeypatch.setattr(help_module, "write_rows", lambda f, rows, col_max=32: (texts.extend(t for r in rows for t in r), original(f, rows, col_max)))
+    _fast(["train", "--model-name", "qwen3-4b", "--help-all"], monkeypatch)  # every option's text, SGLang's too
+    rng = random.Random(0)
+    for _ in range(3000):  # runs of spaces, words longer than the line, leading and trailing spaces, tabs, newlines
+        words = [rng.choice([" " * rng.randint(1, 3), "x" * rng.choice([1, 2, 5, 13, 40]), "a-b.c/d", "é", "\t", "\n"]) for _ in range(rng.randint(0, 12))]
+        texts.append(rng.choice(["", " "]) + " ".join(words) + rng.choice(["", "  "]))
+    assert len(texts) > 1500
+    for text in texts:
+        for width in (1, 7, 30, 46, 78):
+            assert help_module.wrap_words(text, width) == textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False), (text, width)
