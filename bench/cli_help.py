@@ -12,14 +12,16 @@ Every process reads compiled bytecode, the baseline's and miles' alike: they sha
 `PYTHONPYCACHEPREFIX` that an unmeasured first round fills. An installed miles has bytecode as typer
 has; with `PYTHONDONTWRITEBYTECODE` set (as in some development shells) miles' sixty modules would be
 compiled from source at every start and typer's not, which measures the shell, not the program.
-Medians of `--repeats` rounds; the load average is printed because on a shared machine it moves
-every number. Where the time goes: `python -X importtime -m miles_cli.main train --help`.
+Medians of `--repeats` rounds, of wall time and of the CPU time each process used (user + system:
+on a shared machine the load moves wall times far more than CPU times, so both are printed, with
+the load average). Where the time goes: `python -X importtime -m miles_cli.main train --help`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,6 +44,11 @@ COMMANDS = {
 }
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
@@ -51,27 +58,30 @@ def main() -> None:
     if args.tiny:
         args.repeats = 1
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    cpu: dict[str, list[float]] = {name: [] for name in COMMANDS}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="miles-cli-bench-pycache-") as cache:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = cache
         for round_ in range(args.repeats + 1):  # round 0 writes the bytecode and is not counted
             for name, argv in COMMANDS.items():
-                t0 = time.perf_counter()
+                c0, t0 = _children_cpu(), time.perf_counter()
                 subprocess.run(argv, capture_output=True, check=True, timeout=60, env=env)
                 if round_:
                     times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times[BASELINE])
+                    cpu[name].append(_children_cpu() - c0)
+    base, base_cpu = statistics.median(times[BASELINE]), statistics.median(cpu[BASELINE])
     print(f"{args.repeats} rounds, medians; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"{'command':44s} {'median s':>9s} {'× baseline':>11s}")
+    print(f"{'command':44s} {'wall s':>8s} {'× baseline':>11s} {'CPU s':>8s} {'× baseline':>11s}")
     for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:44s} {med:9.3f} {med / base:11.2f}")
+        med, med_cpu = statistics.median(ts), statistics.median(cpu[name])
+        print(f"{name:44s} {med:8.3f} {med / base:11.2f} {med_cpu:8.3f} {med_cpu / base_cpu:11.2f}")
     if args.json:
         import json
         from pathlib import Path
 
         r = {name: statistics.median(ts) / base for name, ts in times.items()}
+        rc = {name: statistics.median(ts) / base_cpu for name, ts in cpu.items()}
         Path(args.json).write_text(json.dumps({"bench": "cli_help", "rows": [
             {"what": "miles --help vs python -c 'import typer'", "value": r["miles --help"], "unit": "x typer", "goal": "<= 1.5",
              "met": r["miles --help"] <= 1.5},
@@ -79,6 +89,8 @@ def main() -> None:
              "met": r["miles train --help"] <= 2},
             {"what": "miles --help vs a one-option Typer app's --help", "value": r["miles --help"] / r[HELP_FLOOR],
              "unit": "x help floor", "goal": "", "met": None},
+            {"what": "miles train --help vs python -c 'import typer', CPU time", "value": rc["miles train --help"], "unit": "x typer",
+             "goal": "", "met": None},
         ]}, indent=2))
 
 

@@ -27,9 +27,6 @@ from miles_cli import summaries
 from miles_cli.argv import help_request
 from miles_cli.help import Counted, MilesCommand, help_docs, panel_shown, panel_slug, write_options
 
-COMPLETE_VAR = "_MILES_COMPLETE"  # shell completion: Click answers it before it looks at the arguments
-
-
 class _DeclaredHelp(MilesCommand):
     """A run command that only knows its options' FlagDocs: enough to print its help, not to parse."""
 
@@ -50,7 +47,8 @@ class _DeclaredHelp(MilesCommand):
 def help_text(argv: list[str]) -> str | None:
     """What `miles argv` prints when argv only asks for a run command's help; None otherwise (or when
     the recipe is unknown, which the built command reports)."""
-    if not argv or argv[0] not in summaries.RUN or COMPLETE_VAR in os.environ:
+    # Shell completion (`miles --install-completion`): Click answers it before it reads the arguments.
+    if not argv or argv[0] not in summaries.RUN or "_MILES_COMPLETE" in os.environ:
         return None
     request = help_request(argv[1:])
     if request is None:
