@@ -54,7 +54,7 @@ def help_text(argv: list[str]) -> str | None:
     if request is None:
         return None
     from miles.errors import UserError
-    from miles_cli.main import recipe_name_from
+    from miles_cli.main import GROUP_CONTEXT, recipe_name_from
     from miles_cli.run_commands import brief_extra, option_docs, preview_invocation
     from recipes import get_recipe
 
@@ -72,8 +72,8 @@ def help_text(argv: list[str]) -> str | None:
     if request.group not in (None, "all") and request.group not in [panel_slug(p) for p in panels]:
         return None
     cmd = _DeclaredHelp(command, [*entries, *help_docs(panels)], extra)
-    # The contexts the `miles` group and its subcommand would make (main.py: max_content_width).
-    parent = click.Context(TyperCommand("miles", add_help_option=False), info_name="miles", max_content_width=10_000)
+    # The contexts the `miles` group and its subcommand would make.
+    parent = click.Context(TyperCommand("miles", add_help_option=False), info_name="miles", **GROUP_CONTEXT)
     ctx = click.Context(cmd, info_name=command, parent=parent)
     if request.group is not None:
         ctx.meta["miles_help_group"] = request.group

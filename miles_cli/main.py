@@ -7,7 +7,8 @@
 Each command is built only when it is invoked, completed or documented (miles_cli/lazy.py):
 `miles --help` lists them from miles_cli/summaries.py and imports none of them. A run command is
 built for the recipe that `--model-name` (or MILES_SCRIPT_MODEL_NAME) names, and for the rest of
-the arguments too, so its `--help` shows this invocation's options, defaults and values. Usage
+the arguments too, so its `--help` shows this invocation's options, defaults and values (help alone
+is printed from the declarations without building the command: miles_cli/fast_help.py). Usage
 errors of every kind leave as one `Error: ...` line with exit code 2 (miles_cli/help.py). Shell
 completion: `miles --install-completion`. Importing this module, and `miles --help`, must not import
 torch, ray or transformers (nor the engine's configuration): commands import their work when they run.
@@ -33,6 +34,10 @@ APP_HELP = (
     "Miles: reinforcement-learning post-training for large language models. "
     "Run `miles full-train` for the embedded tiny recipe on a CPU; add `--model-name NAME --help` to see a recipe's options."
 )
+
+
+GROUP_CONTEXT = {"max_content_width": 10_000}
+"""The `miles` group's Click context settings (its commands inherit them): help uses the terminal's width (COLUMNS)."""
 
 
 def recipe_name_from(argv: list[str]) -> str:
@@ -110,7 +115,7 @@ def build_app(argv: list[str]) -> typer.Typer:
         add_completion=True,
         rich_markup_mode=None,
         pretty_exceptions_show_locals=False,
-        context_settings={"max_content_width": 10_000},  # help uses the terminal's width (COLUMNS)
+        context_settings=dict(GROUP_CONTEXT),
     )
 
 
