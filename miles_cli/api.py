@@ -146,7 +146,8 @@ def _parse_layer(parser: Any, tokens: list[str], where: str, command: Command, r
 
 @functools.cache
 def _parser(command: Command, recipe_name: str) -> Any:
-    """The Click command of `miles <command> --model-name <recipe>` (declared defaults), for the API."""
+    """The Click command of `miles <command> --model-name <recipe>` (declared defaults), for the API and
+    for the layers a command line carries (--extra-args, after --); it reads values, never shows them."""
     import typer
 
     from miles_cli.run_commands import build_run_command
@@ -154,7 +155,9 @@ def _parser(command: Command, recipe_name: str) -> Any:
     app = typer.Typer(add_completion=False)
     from miles_cli.help import MilesCommand
 
-    app.command(command, cls=MilesCommand, context_settings={"allow_extra_args": True})(build_run_command(command, get_recipe(recipe_name)))
+    app.command(command, cls=MilesCommand, context_settings={"allow_extra_args": True})(
+        build_run_command(command, get_recipe(recipe_name), parser_only=True)
+    )
     from miles_cli import coerce
 
     return coerce.install(typer.main.get_command(app))

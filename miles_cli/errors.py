@@ -6,12 +6,10 @@ import contextlib
 from typing import Iterator
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from miles.errors import UserError
+from miles_cli.help import print_error
 
-_stderr = Console(stderr=True)
 last_error: UserError | None = None  # the latest user error reported (read by `miles docs check`, in-process)
 
 
@@ -23,5 +21,5 @@ def user_errors_exit_2() -> Iterator[None]:
     except UserError as e:
         global last_error
         last_error = e
-        _stderr.print(f"[bold red]Error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        print_error(str(e))  # rich is imported here, not on the help path
         raise typer.Exit(e.exit_code) from None

@@ -19,13 +19,15 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 import functools
+import itertools
 import re
 import sys
 import textwrap
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import inspect
 
@@ -123,62 +125,90 @@ class MilesCommand(typer.core.TyperCommand):
         return pieces
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from miles_cli.options import help_line, metavar
-        from recipes.base import ENV_PREFIX
-
         docs = _docs_of(self)
-        group = ctx.meta.get("miles_help_group")
-        panels: dict[str, list[tuple[str, str]]] = {}
-        unavailable: dict[str, list[Any]] = {}
-        for param in self.get_params(ctx):
-            fd = docs.get(param.name or "")
-            if fd is None:
-                record = param.get_help_record(ctx)
-                if record:
-                    panels.setdefault("Help", []).append(record)
-                continue
-            first = " / ".join(fd.flags)
-            mv = metavar(fd)
-            if fd.env and fd.env.startswith(ENV_PREFIX):  # said once for the panel instead
-                fd = dataclasses.replace(fd, env=None)
-            panels.setdefault(fd.panel, []).append((f"{first} {mv}".strip(), help_line(fd)))
-            unavailable.setdefault(fd.panel, []).append(fd)
+        entries = [docs.get(p.name or "") or p.get_help_record(ctx) for p in self.get_params(ctx)]
         # Only commands that offer --help-all have a short help; the others show every option.
-        shown_all = group == "all" or not any(p.name == "help_all" for p in self.params)
-        brief = (*BRIEF_PANELS, *getattr(self.callback, BRIEF_EXTRA, ()))
-        hidden = []
-        for panel, rows in panels.items():
-            if panel == "Help":
-                visible = True
-            elif group is None:
-                visible = shown_all or panel in brief
-            else:
-                visible = group == "all" or panel_slug(panel) == group
-            if not visible:
-                hidden.append(f"{panel_slug(panel)} ({len(rows)})")
-                continue
-            fds = unavailable.get(panel, [])
-            collapse = group != panel_slug(panel)  # asked for by name: every option in full
-            if collapse and fds and all(fd.unsupported for fd in fds) and len({fd.unsupported for fd in fds}) == 1:
-                with formatter.section(panel):
-                    write_text(
-                        formatter,
-                        f"Not available in this build ({fds[0].unsupported}): " + ", ".join(fd.flag for fd in fds)
-                        + f". Details: `{ctx.command_path} --help-group {panel_slug(panel)}`.",
-                    )
-                continue
+        short = any(p.name == "help_all" for p in self.params)
+        write_options(ctx, formatter, entries, brief_extra=getattr(self.callback, BRIEF_EXTRA, ()), short_help=short)
+
+
+def write_options(
+    ctx: click.Context, formatter: click.HelpFormatter, entries: Iterable[Any], *, brief_extra: Iterable[str] = (), short_help: bool
+) -> None:
+    """The options part of a command's help, panel by panel. `entries`: in order, each option's FlagDoc
+    (or a `Counted` where its panel is not shown), or the (flag, text) record of an option that has
+    none (Click's `--help`), or None (an option that is never shown).
+    `ctx.meta["miles_help_group"]`: "all" (--help-all), a panel slug (--help-group), or unset (--help:
+    with `short_help`, the BRIEF_PANELS and `brief_extra`; the others are counted, not rendered)."""
+    from recipes.base import ENV_PREFIX
+
+    group = ctx.meta.get("miles_help_group")
+    panels: dict[str, list[Any]] = {}
+    for entry in entries:
+        if entry is not None:
+            panels.setdefault("Help" if isinstance(entry, tuple) else entry.panel, []).append(entry)
+    shown = panel_shown(group, short_help, brief_extra)
+    hidden = []
+    for panel, items in panels.items():
+        if not shown(panel):
+            hidden.append(f"{panel_slug(panel)} ({len(items)})")
+            continue
+        fds = [e for e in items if not isinstance(e, tuple)]
+        collapse = group != panel_slug(panel)  # asked for by name: every option in full
+        if collapse and fds and all(fd.unsupported for fd in fds) and len({fd.unsupported for fd in fds}) == 1:
             with formatter.section(panel):
-                if panel == "Recipe":
-                    write_text(formatter, f"Each can also be set with {ENV_PREFIX}<NAME> (e.g. {ENV_PREFIX}MODE); the command line wins.")
-                write_rows(formatter, rows)
-        if hidden:
-            name = ctx.command_path
-            with formatter.section("More options"):
                 write_text(
                     formatter,
-                    f"Groups not shown: {', '.join(hidden)}. Every option: `{name} --help-all`; "
-                    f"one group: `{name} --help-group GROUP`.",
+                    f"Not available in this build ({fds[0].unsupported}): " + ", ".join(fd.flag for fd in fds)
+                    + f". Details: `{ctx.command_path} --help-group {panel_slug(panel)}`.",
                 )
+            continue
+        with formatter.section(panel):
+            if panel == "Recipe":
+                write_text(formatter, f"Each can also be set with {ENV_PREFIX}<NAME> (e.g. {ENV_PREFIX}MODE); the command line wins.")
+            write_rows(formatter, [e if isinstance(e, tuple) else _row(e, ENV_PREFIX) for e in items])
+    if hidden:
+        name = ctx.command_path
+        with formatter.section("More options"):
+            write_text(
+                formatter,
+                f"Groups not shown: {', '.join(hidden)}. Every option: `{name} --help-all`; "
+                f"one group: `{name} --help-group GROUP`.",
+            )
+
+
+def panel_shown(group: str | None, short_help: bool, brief_extra: Iterable[str] = ()) -> Callable[[str], bool]:
+    """Whether help renders a panel's options (the others it only counts). `group`: see write_options."""
+    brief = {"Help", *BRIEF_PANELS, *brief_extra}
+
+    def shown(panel: str) -> bool:
+        if panel == "Help" or group == "all":
+            return True
+        if group is None:
+            return panel in brief or not short_help
+        return panel_slug(panel) == group
+
+    return shown
+
+
+class Counted:
+    """An option that help counts but does not show (a panel not asked for): no FlagDoc is made for it."""
+
+    __slots__ = ("panel",)
+
+    def __init__(self, panel: str) -> None:
+        self.panel = panel
+
+
+def _row(fd: Any, env_prefix: str) -> tuple[str, str]:
+    """(flag column, text column) of one option."""
+    from miles_cli.options import help_line, metavar
+
+    first = " / ".join(fd.flags)
+    mv = metavar(fd)
+    if fd.env and fd.env.startswith(env_prefix):  # said once for the Recipe panel instead
+        fd = dataclasses.replace(fd, env=None)
+    return f"{first} {mv}".strip(), help_line(fd)
 
 
 def _show_help(fixed: str | None):
@@ -192,19 +222,25 @@ def _show_help(fixed: str | None):
     return callback
 
 
+def help_docs(panels: list[str]) -> list[FlagDoc]:
+    """The FlagDocs of `--help-all` and `--help-group GROUP` for a command with these option panels."""
+    from miles.docs.flag import FlagDoc
+
+    slugs = tuple(panel_slug(p) for p in panels)
+    return [
+        FlagDoc(("--help-all",), "help_all", "Help", "bool", (), None, False, False, None, None, None, "Show every option and exit."),
+        FlagDoc(("--help-group",), "help_group", "Help", "str", slugs, None, None, False, None, None, None,
+                "Show the options of one group and exit."),
+    ]  # fmt: skip
+
+
 def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]]:
     """`--help-all` and `--help-group GROUP` for a command whose options span several panels."""
-    slugs = [panel_slug(p) for p in panels]
     from typing import Annotated, Literal, Optional
 
-    from miles.docs.model import FlagDoc
-
-    all_help = "Show every option and exit."
-    group_help = "Show the options of one group and exit."
-    docs = [
-        FlagDoc(("--help-all",), "help_all", "Help", "bool", (), None, False, False, None, None, None, all_help),
-        FlagDoc(("--help-group",), "help_group", "Help", "str", tuple(slugs), None, None, False, None, None, None, group_help),
-    ]
+    docs = help_docs(panels)
+    slugs = docs[1].choices
+    all_help, group_help = docs[0].help, docs[1].help
     return [
         (
             inspect.Parameter(
@@ -226,11 +262,44 @@ def help_parameters(panels: list[str]) -> list[tuple[inspect.Parameter, FlagDoc]
     ]
 
 
+_SPACES = re.compile(r"( +)")
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)`: lines of at most
+    `width` characters broken at spaces, a longer word alone on its line, spaces at a break dropped.
+
+    textwrap's general loop cost most of the time of a help that shows SGLang's ~600 options; for
+    text whose only whitespace is the space (all of miles' help) this is the same greedy fill without
+    its generality, and anything else goes to textwrap (tests/cli/test_fast_help.py compares both).
+    """
+    if not (text.isascii() and text.isprintable()):
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+    chunks = [c for c in _SPACES.split(text) if c]  # words and runs of spaces, alternating; they make up text
+    ends = list(itertools.accumulate(map(len, chunks)))  # where each chunk ends in text
+    lines: list[str] = []
+    i, n = 0, len(chunks)
+    while i < n:
+        if lines and chunks[i][0] == " ":  # a line never starts with the spaces it broke at (the first may)
+            i += 1
+            if i == n:
+                break
+        start = i
+        offset = ends[start - 1] if start else 0
+        i = bisect.bisect_right(ends, offset + width, start)  # the chunks that fit, greedily
+        if i == start:  # a word longer than the line: alone on it, never cut
+            i += 1
+        end = i - 1 if chunks[i - 1][0] == " " else i  # nor ends with them
+        if end > start:
+            lines.append(text[offset : ends[end - 1]])
+    return lines
+
+
 def write_text(formatter: Any, text: str) -> None:
     """A paragraph at the current indent, wrapped at spaces only (flags are never split)."""
     indent = " " * formatter.current_indent
     width = max(formatter.width - formatter.current_indent, 30)
-    for line in textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False):
+    for line in wrap_words(text, width):
         formatter.write(indent + line + "\n")
 
 
@@ -241,12 +310,12 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]], col_max: int = 32) -
     first_width = min(max(len(first) for first, _ in rows), col_max)
     text_width = max(formatter.width - indent - first_width - 2, 30)
     for first, text in rows:
-        lines = textwrap.wrap(text, text_width, break_on_hyphens=False, break_long_words=False) or [""]
+        lines = wrap_words(text, text_width) or [""]
         if len(first) <= first_width:
             formatter.write(f"{'':{indent}}{first:<{first_width}}  {lines[0]}\n")
             lines = lines[1:]
         else:  # on its own line(s): `--long-flag / --no-long-flag` breaks after the slash, never inside a flag
-            for part in textwrap.wrap(first, max(formatter.width - indent, 30), break_on_hyphens=False, break_long_words=False):
+            for part in wrap_words(first, max(formatter.width - indent, 30)):
                 formatter.write(f"{'':{indent}}{part}\n")
         for line in lines:
             formatter.write(f"{'':{indent + first_width + 2}}{line}\n")

@@ -12,14 +12,12 @@ building. Names keep their registration order, which is the order help lists the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from typer import _click as click
 
 
-@dataclass(frozen=True)
-class Pending:
+class Pending(NamedTuple):
     """A command not built yet: its summary for listings, and how to build it."""
 
     summary: str

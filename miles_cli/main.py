@@ -7,7 +7,8 @@
 Each command is built only when it is invoked, completed or documented (miles_cli/lazy.py):
 `miles --help` lists them from miles_cli/summaries.py and imports none of them. A run command is
 built for the recipe that `--model-name` (or MILES_SCRIPT_MODEL_NAME) names, and for the rest of
-the arguments too, so its `--help` shows this invocation's options, defaults and values. Usage
+the arguments too, so its `--help` shows this invocation's options, defaults and values (help alone
+is printed from the declarations without building the command: miles_cli/fast_help.py). Usage
 errors of every kind leave as one `Error: ...` line with exit code 2 (miles_cli/help.py). Shell
 completion: `miles --install-completion`. Importing this module, and `miles --help`, must not import
 torch, ray or transformers (nor the engine's configuration): commands import their work when they run.
@@ -25,6 +26,7 @@ import typer
 
 from miles.errors import UserError
 from miles_cli import summaries
+from miles_cli.argv import flag_value
 from miles_cli.help import MilesCommand, MilesGroup, print_error
 from miles_cli.lazy import Pending, typer_command, typer_group
 
@@ -34,20 +36,16 @@ APP_HELP = (
 )
 
 
+GROUP_CONTEXT = {"max_content_width": 10_000}
+"""The `miles` group's Click context settings (its commands inherit them): help uses the terminal's width (COLUMNS)."""
+
+
 def recipe_name_from(argv: list[str]) -> str:
     """The value of --model-name in argv (last wins), else MILES_SCRIPT_MODEL_NAME, else the default recipe."""
     from recipes import DEFAULT_RECIPE
     from recipes.base import ENV_PREFIX
 
-    name = None
-    for i, token in enumerate(argv):
-        if token == "--":
-            break
-        if token == "--model-name" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif token.startswith("--model-name="):
-            name = token.split("=", 1)[1]
-    return name or os.environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE
+    return flag_value(argv, "--model-name") or os.environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE
 
 
 def _command_args(argv: list[str], command: str) -> list[str] | None:
@@ -117,7 +115,7 @@ def build_app(argv: list[str]) -> typer.Typer:
         add_completion=True,
         rich_markup_mode=None,
         pretty_exceptions_show_locals=False,
-        context_settings={"max_content_width": 10_000},  # help uses the terminal's width (COLUMNS)
+        context_settings=dict(GROUP_CONTEXT),
     )
 
 
@@ -135,6 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         check_removed_flags(argv)
+        from miles_cli.fast_help import help_text
+
+        text = help_text(argv)  # a run command's help, from the declarations (no command built)
+        if text is not None:
+            typer.echo(text)
+            raise SystemExit(0)
         app = build_app(argv)
     except UserError as e:
         print_error(str(e))

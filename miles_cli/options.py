@@ -20,7 +20,7 @@ from typing import Any
 from miles.config.engine import OptionSpec, spec, specs_of
 from miles.config.fields import option
 from miles.config.values import format_value
-from miles.docs.model import FlagDoc
+from miles.docs.flag import FlagDoc
 
 NO_VALUE = object()
 """A derived option whose value is not known for this invocation: help states only its rule."""

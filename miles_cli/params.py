@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 import typer
 
 from miles.config.engine import OptionSpec
-from miles.docs.model import FlagDoc
+from miles.docs.flag import FlagDoc
 from miles_cli.options import NO_VALUE, flag_doc, help_line
 
 PARAMETER_DOCS = "__miles_flag_docs__"

@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import typer
 
@@ -33,8 +33,10 @@ from miles_cli.api import (
     recipe_values_from_env,
     resolve_invocation,
 )
-from miles.docs.model import FlagDoc
+from miles.config.engine import OptionSpec
+from miles.docs.flag import FlagDoc
 from miles_cli import summaries
+from miles_cli.argv import help_request
 from miles_cli.errors import user_errors_exit_2
 from miles_cli.help import BRIEF_EXTRA, SGLANG_PANELS, help_parameters
 from miles_cli.options import NO_VALUE, flag_doc, run_control_specs
@@ -68,7 +70,11 @@ def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | N
     options_given: dict[str, Any] = {}
     engine_given: dict[str, Any] = {}
     passthrough: list[str] = []
-    if _beyond_help(args or []):
+    request = help_request(args or [])
+    if request is not None:  # only help, maybe for a recipe: the value Click would read, without a parser
+        if request.model_name is not None:
+            options_given["model_name"] = request.model_name
+    elif _beyond_help(args or []):
         parser = _parser(command, recipe.NAME)
         try:
             ctx = parser.make_context(f"miles {command}", list(args), resilient_parsing=True)
@@ -101,30 +107,54 @@ def _source_label(source: Any, derived: bool) -> str:
     return {"COMMANDLINE": "command line", "ENVIRONMENT": "env MILES_SCRIPT_*"}.get(name, "derived" if derived else "recipe default")
 
 
-def build_run_command(command: Command, recipe: ModuleType, args: list[str] | None = None):
+def option_docs(
+    command: Command, recipe: ModuleType, preview: Invocation | None, shown: Callable[[str], bool] | None = None
+) -> list[tuple[OptionSpec, Any, FlagDoc | None, str | None]]:
+    """Every option of `command` in help order: (declaration, the value this invocation uses, the
+    FlagDoc help shows for it, its environment variable). `preview`: the invocation, or None when it
+    cannot be resolved (help then shows the declared defaults and rules). `shown(panel)`: make FlagDocs
+    only for the panels it accepts (None for the others; help only counts those)."""
+    out: list[tuple[OptionSpec, Any, FlagDoc | None, str | None]] = []
+    for s in recipe_specs(recipe):
+        value = getattr(preview.options, s.name) if preview is not None else getattr(recipe.Options(), s.name)
+        env = ENV_PREFIX + s.name.upper()
+        out.append((s, value, flag_doc(s, value, env=env), env))
+    for s in engine_specs_for(recipe, command):
+        if shown is not None and not shown(s.panel):
+            out.append((s, NO_VALUE, None, None))
+        elif preview is None:
+            value = NO_VALUE if s.derived is not None else s.default
+            out.append((s, value, flag_doc(s, value), None))
+        else:
+            value = preview.config.get(s.name)
+            by_rule = preview.sources.get(s.name) == "derived"
+            doc = flag_doc(s, value if (s.derived is None or by_rule or value is not None) else NO_VALUE)
+            if s.derived is not None and not by_rule:  # the recipe or the user set it: show the value, not the rule
+                doc = _as_plain_default(doc)
+            out.append((s, value, doc, None))
+    for s in run_control_specs(command):
+        out.append((s, s.default, flag_doc(s, s.default), None))
+    return out
+
+
+def brief_extra(preview: Invocation | None) -> tuple[str, ...]:
+    """Panels the short help shows besides BRIEF_PANELS: the SGLang ones when this invocation runs SGLang
+    engines (--rollout-backend sglang given, or the recipe's). They are parsed either way, so a misplaced
+    one gets resolve()'s sentence."""
+    backend = preview.config.rollout.rollout_backend if preview is not None else None
+    return SGLANG_PANELS if backend == "sglang" else ()
+
+
+def build_run_command(command: Command, recipe: ModuleType, args: list[str] | None = None, *, parser_only: bool = False):
     """A Typer command function for `command` whose options are this recipe's and the engine's,
-    each showing the value the invocation `args` (the arguments after the command name) would use."""
+    each showing the value the invocation `args` (the arguments after the command name) would use.
+    `parser_only`: a command only to parse with (its help shows the declared defaults); it resolves
+    nothing, which the preview itself needs when MILES_SCRIPT_EXTRA_ARGS must be parsed."""
     r_specs = recipe_specs(recipe)
     e_specs = engine_specs_for(recipe, command)
-    preview = preview_invocation(command, recipe, args)
-
-    params = []
-    for s in r_specs:
-        value = getattr(preview.options, s.name) if preview is not None else getattr(recipe.Options(), s.name)
-        params.append(make_parameter(s, value, envvar=ENV_PREFIX + s.name.upper()))
-    for s in e_specs:
-        if preview is None:
-            value = NO_VALUE if s.derived is not None else s.default
-            params.append(make_parameter(s, value))
-            continue
-        value = preview.config.get(s.name)
-        by_rule = preview.sources.get(s.name) == "derived"
-        doc = flag_doc(s, value if (s.derived is None or by_rule or value is not None) else NO_VALUE)
-        if s.derived is not None and not by_rule:  # the recipe or the user set it: show the value, not the rule
-            doc = _as_plain_default(doc)
-        params.append(make_parameter(s, value, doc=doc))
-    for s in run_control_specs(command):
-        params.append(make_parameter(s, s.default))
+    preview = None if parser_only else preview_invocation(command, recipe, args)
+    declared = option_docs(command, recipe, preview)
+    params = [make_parameter(s, value, envvar=env, doc=doc) for s, value, doc, env in declared]
     r_names = [s.name for s in r_specs]
     e_names = [s.name for s in e_specs]
     derived_recipe = {s.name for s in r_specs if s.derived is not None}
@@ -158,13 +188,10 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
 
     run.__doc__ = SUMMARIES[command]
     ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-    panels = list(dict.fromkeys(s.panel for s in [*r_specs, *e_specs, *run_control_specs(command)]))
+    panels = list(dict.fromkeys(s.panel for s, _, _, _ in declared))
     func = with_signature(run, [(ctx_param, None), *params, *help_parameters(panels)])
     setattr(func, FLAG_HINTS, flag_hints(recipe, command))
-    # The SGLang panels join the short help when this invocation runs SGLang engines (--rollout-backend
-    # sglang given, or the recipe's); they are parsed either way, so a misplaced one gets resolve()'s sentence.
-    backend = preview.config.rollout.rollout_backend if preview is not None else None
-    setattr(func, BRIEF_EXTRA, SGLANG_PANELS if backend == "sglang" else ())
+    setattr(func, BRIEF_EXTRA, brief_extra(preview))
     return func
 
 

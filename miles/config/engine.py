@@ -198,12 +198,16 @@ def specs_of(cls: type, group: str, panel: str) -> list[OptionSpec]:
 def _specs_of(cls: type, group: str, panel: str) -> tuple[OptionSpec, ...]:
     # Cached: `get_type_hints` compiles every string annotation again on each call, and building one
     # command's help asks for the same recipe's specs hundreds of times (seconds on a loaded machine).
-    hints = typing.get_type_hints(cls)
+    hints = None
     out = []
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        kind, base, choices, optional = describe_type(hints[f.name])
+        annotation = f.type
+        if isinstance(annotation, str):  # generated classes (SGLang's) annotate with the types themselves
+            hints = hints or typing.get_type_hints(cls)
+            annotation = hints[f.name]
+        kind, base, choices, optional = describe_type(annotation)
         out.append(OptionSpec(f.name, group, panel, f, kind, base, choices, optional))
     return tuple(out)
 
@@ -214,8 +218,8 @@ def option_specs() -> tuple[OptionSpec, ...]:
     for group, cls, panel in GROUPS:
         specs.extend(specs_of(cls, group, panel))
     names = [s.name for s in specs]
-    dupes = {n for n in names if names.count(n) > 1}
-    if dupes:
+    if len(set(names)) != len(names):
+        dupes = {n for n in names if names.count(n) > 1}
         raise AssertionError(f"option names must be unique across groups: {sorted(dupes)}")
     return tuple(specs)
 

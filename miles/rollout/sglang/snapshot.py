@@ -19,14 +19,11 @@ against the installed `ServerArgs` (`msgspec.structs.fields`) and `RouterArgs`.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import functools
 import json
 import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +135,8 @@ def _kind_of(type_text: str, has_parser: bool) -> tuple[str, bool]:
 
 def server_fields_from_wheel(wheel: Path) -> list[dict[str, Any]]:
     """Every CLI field of `ServerArgs`, read statically from the wheel's `arg_groups/fields/*.py`."""
+    import zipfile  # here, not at the top: `miles train --help` reads this module's snapshot only
+
     with zipfile.ZipFile(wheel) as zf:
         choices = _module_literals(zf.read(_CHOICES_FILE).decode())
         order = _module_literals(zf.read(_ORDER_FILE).decode())["POSITIONAL_FIELD_ORDER"]
@@ -268,6 +267,8 @@ def _field_entry(field: str, type_node: ast.AST, meta: ast.AST | None, value: as
 
 def router_fields_from_wheel(wheel: Path) -> list[dict[str, Any]]:
     """Every option `RouterArgs.add_cli_args` registers, read statically from the router wheel."""
+    import zipfile
+
     with zipfile.ZipFile(wheel) as zf:
         text = zf.read(_ROUTER_FILE).decode()
     tree = ast.parse(text)
@@ -358,6 +359,9 @@ def render(version: str, package: str, fields: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
     parser = argparse.ArgumentParser(description="Regenerate the pinned SGLang field snapshots from the wheels.")
     parser.add_argument("--wheel-dir", type=Path, help="directory holding the pinned wheels (default: download them)")
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 if a file would change")
