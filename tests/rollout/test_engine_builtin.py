@@ -64,6 +64,33 @@ def hf_model(hf_dir):
     return AutoModelForCausalLM.from_pretrained(hf_dir).eval()
 
 
+def _spy_forwards(eng: BuiltinEngine, before) -> callable:
+    """Call `before(rows)` ahead of every model forward (prefill or decode, on either decode path),
+    `rows` being the forward's batch size; returns the function that removes the spy."""
+    if eng._decoder is None:
+        forward = eng.model.forward
+
+        def spy(*args, **kwargs):
+            before(kwargs["input_ids"].shape[0])
+            return forward(*args, **kwargs)
+
+        eng.model.forward = spy
+        return lambda: setattr(eng.model, "forward", forward)
+    dec = eng._decoder
+    prefill, decode = dec.prefill_into, dec.decode
+
+    def spy_prefill(ids, *args):
+        before(ids.shape[0])
+        return prefill(ids, *args)
+
+    def spy_decode(tokens, *args):
+        before(tokens.shape[0])
+        return decode(tokens, *args)
+
+    dec.prefill_into, dec.decode = spy_prefill, spy_decode
+    return lambda: (delattr(dec, "prefill_into"), delattr(dec, "decode"))
+
+
 def _ids(engine: BuiltinEngine, text: str) -> list[int]:
     return engine.tokenizer(text)["input_ids"]
 
@@ -325,17 +352,15 @@ def test_weight_update_rejects_misuse(engine):
 def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     eng = BuiltinEngine(hf_dir, wait_timeout_s=0.2)
     calls = {"n": 0}
-    forward = eng.model.forward
 
-    def pausing_forward(*args, **kwargs):
+    def pause_at_third(rows):
         calls["n"] += 1
         if calls["n"] == 3:  # prefill + 2 decode steps (2 tokens sampled), then a pause arrives
             eng.pause_generation()
-        return forward(*args, **kwargs)
 
-    eng.model.forward = pausing_forward
+    undo = _spy_forwards(eng, pause_at_third)
     out = eng.generate([_req(eng, p, temperature=0, max_new_tokens=50, stop_token_ids=[]) for p in ["1+1=", "2+2="]])
-    eng.model.forward = forward
+    undo()
     for r in out:
         if r.finish_type != "stop":  # a row may legitimately hit eos before the pause
             assert r.finish_reason == {"type": "abort"} and len(r.output_ids) == 2
@@ -397,15 +422,9 @@ def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir
     eng.eos_token_ids = frozenset()
     solo = [eng.generate([r])[0] for r in reqs]
     sizes: list[int] = []
-    forward = eng.model.forward
-
-    def spy(*args, **kwargs):
-        sizes.append(kwargs["input_ids"].shape[0])
-        return forward(*args, **kwargs)
-
-    eng.model.forward = spy
+    undo = _spy_forwards(eng, sizes.append)
     together = eng.generate(reqs)
-    eng.model.forward = forward
+    undo()
     for a, b in zip(together, solo):
         assert a.output_ids == b.output_ids and a.finish_type == "length"
         assert a.output_token_logprobs == pytest.approx(b.output_token_logprobs, abs=1e-5)
