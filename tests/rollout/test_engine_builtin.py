@@ -52,9 +52,16 @@ def hf_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+# Every engine test runs on both decode paths: "auto" picks the fast decoder for this Qwen3 model,
+# "hf" is Hugging Face's forward, which every other architecture uses.
+@pytest.fixture(scope="module", params=["auto", "hf"])
+def path(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(hf_dir) -> BuiltinEngine:
-    return BuiltinEngine(hf_dir, seed=0, max_batch_size=64)
+def engine(hf_dir, path) -> BuiltinEngine:
+    return BuiltinEngine(hf_dir, seed=0, max_batch_size=64, decode_path=path)
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +132,8 @@ def test_greedy_matches_hf_generate_token_for_token(engine, hf_model):
         (dict(temperature=0.0), False),
     ],
 )
-def test_logprobs_equal_a_full_forward_pass(hf_dir, hf_model, sp, original):
-    eng = BuiltinEngine(hf_dir, seed=3, return_original_logprob=original)
+def test_logprobs_equal_a_full_forward_pass(hf_dir, path, hf_model, sp, original):
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=3, return_original_logprob=original)
     prompts = PROMPTS[:24:3] + PROMPTS[-3:]
     outs = eng.generate([_req(eng, p, max_new_tokens=8, **sp) for p in prompts])
     t = sp["temperature"] if sp["temperature"] > 0 and not original else 1.0
@@ -141,8 +148,8 @@ def test_logprobs_equal_a_full_forward_pass(hf_dir, hf_model, sp, original):
         assert resp.output_token_logprobs == pytest.approx(expected, abs=1e-5)
 
 
-def test_batched_equals_one_by_one_greedy(hf_dir):
-    eng = BuiltinEngine(hf_dir, max_batch_size=16)  # 103 prompts: 7 batches, padding and row dropping
+def test_batched_equals_one_by_one_greedy(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=16)  # 103 prompts: 7 batches, padding and row dropping
     reqs = [_req(eng, p, temperature=0, max_new_tokens=10) for p in PROMPTS]
     batched = eng.generate(reqs)
     single = [eng.generate([r])[0] for r in reqs[::5]]
@@ -152,8 +159,8 @@ def test_batched_equals_one_by_one_greedy(hf_dir):
         assert b.output_token_logprobs == pytest.approx(s.output_token_logprobs, abs=1e-5)
 
 
-def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
-    eng = BuiltinEngine(hf_dir, seed=0)
+def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=0)
     prompts = ["3+4=", "12+3=", "9="]
     greedy = eng.generate([_req(eng, p, temperature=0, max_new_tokens=8) for p in prompts for _ in range(4)])
     for k, p in enumerate(prompts):
@@ -169,10 +176,10 @@ def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
         assert copies[s].output_ids == solo.output_ids
 
 
-def test_mixed_limits_and_stops_in_one_batch_match_solo_runs(hf_dir):
+def test_mixed_limits_and_stops_in_one_batch_match_solo_runs(hf_dir, path):
     # Different max_new_tokens, stop strings and stop ids per row: rows finish at different steps,
     # the batch is compacted several times, and each row must still equal its solo run.
-    eng = BuiltinEngine(hf_dir, seed=0)
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=0)
     reqs = []
     for k, p in enumerate(PROMPTS[:40]):
         sp = dict(temperature=0, max_new_tokens=1 + k % 9)
@@ -232,9 +239,9 @@ def test_same_seed_same_sample_whatever_the_batch(engine):
     assert len(samples) > 1  # the seed matters
 
 
-def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir):
+def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir, path):
     def run(seed: int) -> list[list[int]]:
-        eng = BuiltinEngine(hf_dir, seed=seed)
+        eng = BuiltinEngine(hf_dir, decode_path=path, seed=seed)
         reqs = [GenerateRequest(_ids(eng, p), SamplingParams(max_new_tokens=6)) for p in PROMPTS[:16]]
         return [r.output_ids for r in eng.generate(reqs)]
 
@@ -308,10 +315,10 @@ def test_top_k_and_top_p_by_hand():
     assert torch.equal(out, torch.tensor(expected))
 
 
-def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, hf_model):
+def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, path, hf_model):
     from transformers import AutoModelForCausalLM
 
-    eng = BuiltinEngine(hf_dir)
+    eng = BuiltinEngine(hf_dir, decode_path=path)
     new = AutoModelForCausalLM.from_pretrained(hf_dir)
     _sharpen(new, seed=2)
     sent = list(new.state_dict().items())  # includes the tied lm_head.weight under its own name
@@ -333,6 +340,15 @@ def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, hf_
     assert all(r.weight_version == 7 for r in after) and before[0].weight_version == 0
     assert [r.output_ids for r in after] != [r.output_ids for r in before]
     assert eng.health()["weight_version"] == 7
+    # What the engine computes now is the new model's forward (no stale copy of any weight anywhere).
+    new.eval()
+    for prompt, resp in zip(PROMPTS[:10], after):
+        ids = _ids(eng, prompt)
+        with torch.no_grad():
+            logp = torch.log_softmax(new(torch.tensor([ids + resp.output_ids])).logits[0].float(), dim=-1)
+        expected = [logp[len(ids) - 1 + k, tok].item() for k, tok in enumerate(resp.output_ids)]
+        assert resp.output_token_logprobs == pytest.approx(expected, abs=1e-5)
+        assert resp.output_ids == logp[len(ids) - 1 : -1].argmax(-1).tolist()  # greedy under the new weights
 
 
 def test_weight_update_rejects_misuse(engine):
@@ -349,8 +365,8 @@ def test_weight_update_rejects_misuse(engine):
         engine.end_weight_update(engine.weight_version)
 
 
-def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
-    eng = BuiltinEngine(hf_dir, wait_timeout_s=0.2)
+def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, wait_timeout_s=0.2)
     calls = {"n": 0}
 
     def pause_at_third(rows):
@@ -378,13 +394,13 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     assert eng.health()["paused"] is False
 
 
-def test_an_abort_the_scheduler_reaches_late_spares_requests_submitted_after_it(hf_dir):
+def test_an_abort_the_scheduler_reaches_late_spares_requests_submitted_after_it(hf_dir, path):
     """A weight update's pause aborts what was in flight, never the next rollout's requests. On a busy
     machine the scheduler thread may run only after the pause, the update and continue_generation()
     have all returned and new requests are queued (here: it cannot take the lock until then); the
     pause used to stay pending and abort all of them, an empty rollout and a wasted step. A rid
     abort is bounded the same way."""
-    eng = BuiltinEngine(hf_dir)
+    eng = BuiltinEngine(hf_dir, decode_path=path)
     eng.generate([_req(eng, "1+1=", max_new_tokens=1)])  # the scheduler thread exists and is idle
     with eng._cond:
         eng.pause_generation()
@@ -407,11 +423,11 @@ def test_a_directory_without_a_model_is_a_user_error(tmp_path):
     assert err.value.option == "--hf-checkpoint"
 
 
-def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir):
+def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir, path):
     # Two slots; a 40-token request, a 2-token one and a third that waits. The third must be decoded
     # alongside the long one (it takes the short one's slot), not after it, and every row must
     # equal its solo run (greedy and seeded sampling alike) although it joined a batch mid-flight.
-    eng = BuiltinEngine(hf_dir, max_batch_size=2)
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=2)
     reqs = [
         _req(eng, "1+2=", temperature=0, max_new_tokens=40, stop_token_ids=[], rid="long"),
         _req(eng, "33+4=", temperature=0, max_new_tokens=2, rid="short"),
@@ -434,8 +450,8 @@ def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir
     assert len(sizes) <= 43, sizes  # without continuous batching: 40 + 6 + prefills
 
 
-def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir):
-    eng = BuiltinEngine(hf_dir, max_batch_size=8)
+def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=8)
     eng.eos_token_ids = frozenset()
     futures = [eng.submit(_req(eng, p, temperature=0, max_new_tokens=200, rid=f"g1-{i}")) for i, p in enumerate(PROMPTS[:3])]
     keep = eng.submit(_req(eng, "4+4=", temperature=0, max_new_tokens=5, rid="g2-0"))

@@ -67,7 +67,7 @@ from miles.rollout.engine.base import (
     SamplingParams,
     weights_checksum,
 )
-from miles.rollout.engine.decoder import Decoder, SlotKV, unsupported_reason
+from miles.rollout.engine.decoder import Decoder, unsupported_reason
 from miles.rollout.engine.slot_batch import SlotBatch
 from miles.rollout.engine.sampler import (  # noqa: F401  (re-exported: the sampler used to live here)
     _GOLDEN,
@@ -186,7 +186,7 @@ class BuiltinEngine(RolloutEngine):
         hf_dir: str | os.PathLike[str],
         *,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         max_batch_size: int = 256,
         seed: int = 0,
         attn_implementation: str = "sdpa",
@@ -207,14 +207,14 @@ class BuiltinEngine(RolloutEngine):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.hf_dir = hf_path
         self.device = torch.device(device)
-        self.dtype = dtype
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" as --rollout-dtype names it
         self.max_batch_size = max_batch_size
         self.return_original_logprob = return_original_logprob
         self.wait_timeout_s = wait_timeout_s
 
         self.tokenizer = AutoTokenizer.from_pretrained(hf_path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
-            hf_path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+            hf_path, dtype=self.dtype, attn_implementation=attn_implementation, local_files_only=True
         ).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -230,7 +230,8 @@ class BuiltinEngine(RolloutEngine):
         self._decoder: Decoder | None = Decoder(self.model) if reason is None else None
         self.decode_path = "fast" if self._decoder is not None else "hf"
         self.decode_path_reason = reason  # why Hugging Face's forward runs (None on the fast path)
-        self._kv: SlotKV | None = None  # the fast path's KV cache, kept between batches (it only grows)
+        # The fast path's batch: its KV cache and per-row buffers are kept between batches (they only grow).
+        self._slots: SlotBatch | None = None
 
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -395,12 +396,14 @@ class BuiltinEngine(RolloutEngine):
         if batch is None:
             # Weights change only while no batch runs: this is where the fused matrices are checked.
             self._decoder.ensure_current()
-            if self._kv is None or self._kv.device != self._decoder.device or self._kv.dtype != self._decoder.dtype:
-                self._kv = self._decoder.new_cache()
-            batch = SlotBatch(
-                self._decoder, self._kv, pad_token_id=self.pad_token_id, stop_string=self._stop_string,
-                original_logprob=self.return_original_logprob,
-            )
+            dec = self._decoder
+            if self._slots is None or self._slots.kv.device != dec.device or self._slots.kv.dtype != dec.dtype:
+                self._slots = SlotBatch(
+                    dec, dec.new_cache(), pad_token_id=self.pad_token_id, stop_string=self._stop_string,
+                    original_logprob=self.return_original_logprob,
+                )
+            batch = self._slots
+            batch.original_logprob = self.return_original_logprob
         if admit:
             batch.admit(admit)
         self._resolve(batch.sample())
@@ -636,7 +639,7 @@ class BuiltinEngine(RolloutEngine):
         """--offload-rollout: weights to host memory (no-op on CPU, where they already are)."""
         if self.device.type != "cpu":
             with self._model_lock:
-                self._kv = None
+                self._slots = None
                 self.model.to("cpu")
                 torch.cuda.empty_cache()
 

@@ -59,13 +59,18 @@ class BatchParams:
 
 
 def sample_next(
-    logits: torch.Tensor, p: BatchParams, steps: torch.Tensor | int, original_logprob: bool = False
+    logits: torch.Tensor,
+    p: BatchParams,
+    steps: torch.Tensor | int,
+    original_logprob: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(next token per row, its log-prob) for [rows, vocab] logits; row r is at decode step `steps[r]`.
 
     Inverse-CDF sampling: one uniform u per row from (key, step) picks the first token whose
     cumulative probability exceeds u x total, i.e. token i with probability p_i. The only random
-    numbers are one per row (no rows x vocab noise tensor).
+    numbers are one per row (no rows x vocab noise tensor). `noise`, when given, must be
+    `uniform_noise(p.keys, steps)` computed ahead (the fast path keeps a table per row).
     """
     logits = logits.float()
     if p.all_greedy:
@@ -81,7 +86,8 @@ def sample_next(
     if not torch.is_tensor(steps):
         steps = torch.full_like(p.keys, int(steps))
     cdf = probs.double().cumsum(dim=-1)
-    target = uniform_noise(p.keys, steps) * cdf[:, -1]
+    u = uniform_noise(p.keys, steps) if noise is None else noise
+    target = u * cdf[:, -1]
     tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
     if p.any_greedy:
         tokens = torch.where(p.greedy, logits.argmax(dim=-1), tokens)

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from miles.rollout.engine.decoder import Decoder, SlotKV
-from miles.rollout.engine.sampler import BatchParams, sample_next
+from miles.rollout.engine.sampler import BatchParams, sample_next, uniform_noise
 
 # Per-slot tensors: name -> (dtype, fill value for new slots)
 _ROW_STATE = {
@@ -64,6 +64,9 @@ class SlotBatch:
         self.t: dict[str, torch.Tensor] = {}
         self.out_tok = torch.zeros((0, 0), dtype=torch.int64, device=self.device)
         self.out_lp = torch.zeros((0, 0), dtype=torch.float32, device=self.device)
+        # noise[r, s] = uniform_noise(key of row r, s): each row's draws, computed when the row joins
+        # (and for new columns when the buffers grow) instead of ~25 integer ops every step.
+        self.noise = torch.zeros((0, 0), dtype=torch.float64, device=self.device)
         self.stop_ids = torch.zeros((0, 0), dtype=torch.int64, device=self.device)
         self.logits: torch.Tensor | None = None
         self.params: BatchParams | None = None
@@ -90,10 +93,15 @@ class SlotBatch:
             self.arange = torch.arange(cap, device=dev)
             self.cap = cap
         if out_cols > self.out_cols or self.out_tok.shape[0] < self.cap:
+            old = self.out_cols
             cols = max(out_cols, 2 * self.out_cols, 8) if out_cols > self.out_cols else self.out_cols
             self.out_tok = _regrow(self.out_tok, self.cap, cols, 0)
             self.out_lp = _regrow(self.out_lp, self.cap, cols, 0.0)
+            self.noise = _regrow(self.noise, self.cap, cols, 0.0)
             self.out_cols = cols
+            n = len(self.rows)
+            if n and cols > old:
+                self.noise[:n, old:] = self._draws(self.t["keys"][:n], old, cols)
         if stop_width > self.stop_ids.shape[1] or self.stop_ids.shape[0] < self.cap:
             self.stop_ids = _regrow(self.stop_ids, self.cap, max(stop_width, self.stop_ids.shape[1]), -1)
 
@@ -101,6 +109,10 @@ class SlotBatch:
         n, t = len(self.rows), self.t
         self.params = BatchParams(t["temperature"][:n], t["top_k"][:n], t["top_p"][:n], t["keys"][:n]) if n else None
         self._stop_string_slots = [j for j, row in enumerate(self.rows) if row.req.sampling_params.stop]
+
+    def _draws(self, keys: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        steps = torch.arange(first, last, dtype=torch.int64, device=self.device)
+        return uniform_noise(keys[:, None], steps[None, :])
 
     # ------------------------------------------------------------------ rows in and out
 
@@ -135,6 +147,7 @@ class SlotBatch:
         }
         for name, vals in values.items():
             t[name][new] = torch.tensor(vals, dtype=t[name].dtype).to(dev)
+        self.noise[new] = self._draws(t["keys"][new], 0, self.out_cols)
         sw = self.stop_ids.shape[1]
         if sw:
             self.stop_ids[new] = torch.tensor([s + [-1] * (sw - len(s)) for s in stops], dtype=torch.long).to(dev)
@@ -146,9 +159,10 @@ class SlotBatch:
         """Sample one token per row; return the rows that finished (outputs filled in; they have left)."""
         n = len(self.rows)
         t = self.t
-        steps = t["nout"][:n]
-        tokens, logprobs = sample_next(self.logits, self.params, steps, self.original_logprob)
         self._ensure(n, self.max_out + 1, 0)
+        steps = t["nout"][:n]
+        noise = self.noise[:n].gather(1, steps[:, None]).squeeze(1)
+        tokens, logprobs = sample_next(self.logits, self.params, steps, self.original_logprob, noise)
         rows_idx = self.arange[:n]
         self.out_tok.index_put_((rows_idx, steps), tokens)
         self.out_lp.index_put_((rows_idx, steps), logprobs.to(torch.float32))
@@ -220,7 +234,7 @@ class SlotBatch:
         if holes:
             dst = torch.tensor(holes, dtype=torch.long).to(self.device)
             src = torch.tensor(movers, dtype=torch.long).to(self.device)
-            for buf in (*self.t.values(), self.out_tok, self.out_lp, self.stop_ids, self.logits):
+            for buf in (*self.t.values(), self.out_tok, self.out_lp, self.noise, self.stop_ids, self.logits):
                 buf.index_copy_(0, dst, buf.index_select(0, src))
             self.kv.move(dst, src, self.max_len + 1)
             for h, m in zip(holes, movers):
