@@ -132,12 +132,13 @@ def _interleaved_medians(a, b, repeats: int) -> tuple[float, float]:
 
 
 def run_case(
-    hf_dir: Path, distinct: int, per_prompt: int, prompt_len: int, new: int, repeats: int
+    hf_dir: Path, distinct: int, per_prompt: int, prompt_len: int, new: int, repeats: int, dtype: str = "float32",
+    decode_path: str = "auto",
 ) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
     batch = distinct * per_prompt
-    engine = BuiltinEngine(hf_dir, max_batch_size=batch, seed=0)
+    engine = BuiltinEngine(hf_dir, max_batch_size=batch, seed=0, dtype=dtype, decode_path=decode_path)
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     # Each prompt repeated per_prompt times in a row, as a rollout sends them.
@@ -152,7 +153,7 @@ def run_case(
         out = engine.generate(reqs)
         assert all(len(r.output_ids) == new for r in out)
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
     mask = torch.ones_like(prompts)
 
     def hf() -> None:
@@ -172,9 +173,12 @@ def run_case(
 MIXED_CASES = [("tiny", 256, 64, 8, 64), ("15M", 128, 32, 16, 32)]
 
 
-def run_mixed(hf_dir: Path, n: int, slots: int, prompt_len: int, longest: int, repeats: int) -> float:
+def run_mixed(
+    hf_dir: Path, n: int, slots: int, prompt_len: int, longest: int, repeats: int, dtype: str = "float32",
+    decode_path: str = "auto",
+) -> float:
     """Generated tokens/s when each request has its own length (uniform in 1..longest)."""
-    engine = BuiltinEngine(hf_dir, max_batch_size=slots, seed=0)
+    engine = BuiltinEngine(hf_dir, max_batch_size=slots, seed=0, dtype=dtype, decode_path=decode_path)
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(4, vocab, (n, prompt_len), generator=g)
@@ -198,6 +202,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadiest on a shared CPU)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["tiny", "15M"], default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="both sides' weights and activations (the engine's --rollout-dtype)")
+    ap.add_argument("--decode-path", choices=["auto", "hf"], default="auto",
+                    help="the engine's decode path: auto (the fast decoder for Qwen3) or hf (Hugging Face's forward)")
     ap.add_argument("--tiny", action="store_true", help="one small case, one repeat (the smoke test)")
     ap.add_argument("--json", type=Path, default=None, help="also write the goal rows here (bench/run_all.py reads it)")
     args = ap.parse_args()
@@ -206,7 +214,7 @@ def main() -> None:
     repeats = 1 if args.tiny else args.repeats
     results: dict[tuple, tuple[float, float]] = {}
     console = Console(width=120)
-    table = Table(title=f"built-in engine vs HF generate (sampling, torch threads={args.threads})")
+    table = Table(title=f"built-in engine vs HF generate (sampling, {args.dtype}, decode path {args.decode_path}, torch threads={args.threads})")
     for col in ("model", "prompts x samples", "prompt len", "new", "ours tok/s", "generate tok/s", "ours / gen"):
         table.add_column(col, no_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,7 +227,7 @@ def main() -> None:
             with console.status(f"{name}: {what}"):
                 # The batch-256 15M case takes ~10 s a call here: fewer repeats.
                 n = min(repeats, 3) if (name, distinct) == ("15M", 256) else repeats
-                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, n)
+                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, n, args.dtype, args.decode_path)
                 results[(name, distinct, per_prompt, plen, new)] = (ours, hf)
                 if (name, distinct) == ("15M", 256):
                     from transformers import AutoConfig, AutoModelForCausalLM
@@ -239,7 +247,7 @@ def main() -> None:
                 continue
             hf_dir = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
             with console.status(f"{name}: {n} requests of 1..{longest} tokens"):
-                tps = run_mixed(hf_dir, n, slots, plen, longest, args.repeats)
+                tps = run_mixed(hf_dir, n, slots, plen, longest, args.repeats, args.dtype, args.decode_path)
             mixed.add_row(name, str(n), str(slots), f"1..{longest}", f"{tps:,.0f}")
     console.print(mixed)
     rows = []
