@@ -459,3 +459,26 @@ def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir, path):
     aborted = [f.result(timeout=60) for f in futures]
     assert all(r.finish_type == "abort" and len(r.output_ids) < 200 for r in aborted)
     assert keep.result(timeout=60).finish_type == "length"
+
+
+def test_a_failing_forward_fails_its_requests_and_the_next_batch_starts_clean(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path)
+    reqs = [_req(eng, p, temperature=0, max_new_tokens=6) for p in PROMPTS[:5]]
+    expected = [r.output_ids for r in eng.generate(reqs)]
+    calls = {"n": 0}
+
+    def fail_on_third(rows):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("forward failed on purpose")
+
+    undo = _spy_forwards(eng, fail_on_third)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        eng.generate(reqs)
+    undo()
+    # Nothing of the failed batch leaks into the next one: same outputs, and its rows are not decoded.
+    sizes: list[int] = []
+    undo = _spy_forwards(eng, sizes.append)
+    assert [r.output_ids for r in eng.generate(reqs)] == expected
+    undo()
+    assert max(sizes) <= len(reqs), sizes

@@ -403,6 +403,7 @@ class BuiltinEngine(RolloutEngine):
                     original_logprob=self.return_original_logprob,
                 )
             batch = self._slots
+            batch.reset()
             batch.original_logprob = self.return_original_logprob
         if admit:
             batch.admit(admit)

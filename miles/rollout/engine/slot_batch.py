@@ -105,6 +105,13 @@ class SlotBatch:
         if stop_width > self.stop_ids.shape[1] or self.stop_ids.shape[0] < self.cap:
             self.stop_ids = _regrow(self.stop_ids, self.cap, max(stop_width, self.stop_ids.shape[1]), -1)
 
+    def reset(self) -> None:
+        """Forget every row (buffers are kept): the start of a new batch, also after a failed step."""
+        self.rows = []
+        self.max_len = self.max_out = 0
+        self.logits = None
+        self._rebuild()
+
     def _rebuild(self) -> None:
         n, t = len(self.rows), self.t
         self.params = BatchParams(t["temperature"][:n], t["top_k"][:n], t["top_p"][:n], t["keys"][:n]) if n else None
