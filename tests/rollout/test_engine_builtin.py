@@ -268,6 +268,30 @@ def test_sampler_matches_the_distribution():
     assert sample_next(logits, params, 0)[0].eq(0).all()
 
 
+@pytest.mark.parametrize("vocab", [19, 1000, 8192])  # one level; two levels with a padded last block; 64 full blocks
+def test_sampler_is_the_inverse_cdf_of_the_tempered_distribution(vocab):
+    # The sampler must pick, for uniform u, the first token whose cumulative probability exceeds u
+    # (computed here the plain way: softmax, float64 cumsum over the whole vocabulary), and return
+    # log_softmax(logits / T) of it. Rows mix temperatures 1, 0.7 and greedy.
+    n = 3000
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(n, vocab, generator=g) * 3
+    temps = torch.tensor([1.0, 0.7, 0.0]).repeat(n // 3)
+    keys = torch.arange(n, dtype=torch.int64)
+    params = BatchParams(temps, torch.full((n,), -1), torch.ones(n), keys)
+    tokens, logp = sample_next(logits, params, 4)
+    t = torch.where(temps == 0, torch.ones_like(temps), temps)
+    ref_logp = torch.log_softmax(logits / t[:, None], dim=-1)
+    cdf = ref_logp.double().exp().cumsum(-1)
+    u = uniform_noise(keys, torch.full((n,), 4))
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=vocab - 1)
+    expected = torch.where(temps == 0, logits.argmax(-1), expected)
+    assert (tokens != expected).sum() <= 1  # a u within rounding of a cumulative boundary may land either side
+    assert torch.allclose(logp, ref_logp.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
+    if vocab > 19:  # draws from many blocks, not only the first or the last
+        assert len(set((tokens[temps > 0] // 128).tolist())) > vocab // 128 // 2
+
+
 def _splitmix64_reference(state: int, i: int) -> int:
     """The i-th output (1-based) of SplitMix64 from `state`, in plain Python integers."""
     m = 2**64
