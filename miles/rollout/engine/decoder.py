@@ -11,10 +11,11 @@ same function with about half the ops and no per-step allocation that grows with
   If something replaces a parameter's storage (`model.to(device)`, a transport that swaps `.data`),
   `ensure_current()` notices (the views no longer point into the fused matrix) and fuses again.
   Tied embeddings stay tied: the output projection is whatever `get_output_embeddings()` holds.
-- **KV cache**: per layer one [rows, kv_heads, columns, head_dim] tensor for K and one for V, grown
-  geometrically (`SlotKV.ensure`), written in place with one `index_put_` per step. Every row starts
-  at column 0 (prompts are right-padded), so a token's rotary position is its column, and a row
-  attends to columns <= its own length (one additive mask per step, shared by the layers).
+- **KV cache** (`SlotKV`): per layer K as [rows, kv_heads, head_dim, columns] (transposed, so the
+  scores are a plain batched matmul) and V as [rows, kv_heads, columns, head_dim], grown
+  geometrically, written in place with one `index_put_` each per step. Every row starts at column 0
+  (prompts are right-padded), so a token's rotary position is its column, and a row attends to
+  columns <= its own length (one additive mask per step, shared by the layers).
 - **Rotary tables** come from the model's own `rotary_emb` module, evaluated once for all positions
   up to the cache's width (so every static rope type it implements is reproduced exactly).
 
