@@ -50,16 +50,13 @@ CASES = [
 TINY_CASES = [("tiny", 4, 2, 4, 4, "smoke test")]
 
 
-def matmul_limit_flops(threads: int) -> float:
-    """fp32 matmul FLOP/s at `threads` torch threads (2048^3, median of 3): the compute ceiling here."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    a @ b
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * 2048**3 / statistics.median(times)
+_LIMIT_N = 2048
+
+
+def _limit_matmul():
+    """One fp32 2048^3 matmul: timed between the engine's runs, it gives the compute ceiling here."""
+    a, b = torch.randn(_LIMIT_N, _LIMIT_N), torch.randn(_LIMIT_N, _LIMIT_N)
+    return lambda: a @ b
 
 
 def _no_eos(hf_dir: Path) -> None:
@@ -113,31 +110,33 @@ def make_15m(root: Path) -> Path:
     return out
 
 
-def _interleaved_medians(a, b, repeats: int) -> tuple[float, float]:
-    """Median seconds of `a()` and of `b()`, run alternately (a, b, a, b, ...) after warm-ups.
+def _interleaved_medians(*fns, repeats: int) -> list[float]:
+    """Median seconds of each of `fns`, run in turn (a, b, a, b, ...) after warm-ups.
 
-    Alternating puts both under the same background load, which on a shared CPU moves more than
-    either number. Three warm-ups each: the first calls in a process pay for allocator growth.
+    Alternating puts all under the same background load, which on a shared CPU moves more than
+    any one number. Three warm-ups each: the first calls in a process pay for allocator growth.
     """
     for _ in range(3):
-        a()
-        b()
-    ta, tb = [], []
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
+        for fn, t in zip(fns, times):
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def run_case(
-    hf_dir: Path, distinct: int, per_prompt: int, prompt_len: int, new: int, repeats: int
-) -> tuple[float, float]:
+    hf_dir: Path, distinct: int, per_prompt: int, prompt_len: int, new: int, repeats: int, dtype: str = "float32",
+    decode_path: str = "auto", with_limit: bool = False,
+) -> tuple[float, float, float | None]:
+    """(ours tok/s, generate tok/s, and with `with_limit` the fp32 matmul FLOP/s timed between them)."""
     from transformers import AutoModelForCausalLM
 
     batch = distinct * per_prompt
-    engine = BuiltinEngine(hf_dir, max_batch_size=batch, seed=0)
+    engine = BuiltinEngine(hf_dir, max_batch_size=batch, seed=0, dtype=dtype, decode_path=decode_path)
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     # Each prompt repeated per_prompt times in a row, as a rollout sends them.
@@ -152,7 +151,7 @@ def run_case(
         out = engine.generate(reqs)
         assert all(len(r.output_ids) == new for r in out)
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
     mask = torch.ones_like(prompts)
 
     def hf() -> None:
@@ -164,17 +163,23 @@ def run_case(
         assert out.shape == (batch, prompt_len + new)
 
     tokens = batch * new
-    t_ours, t_hf = _interleaved_medians(ours, hf, repeats)
-    return tokens / t_ours, tokens / t_hf
+    if not with_limit:
+        t_ours, t_hf = _interleaved_medians(ours, hf, repeats=repeats)
+        return tokens / t_ours, tokens / t_hf, None
+    t_ours, t_hf, t_mm = _interleaved_medians(ours, hf, _limit_matmul(), repeats=repeats)
+    return tokens / t_ours, tokens / t_hf, 2 * _LIMIT_N**3 / t_mm
 
 
 # (model, requests, batch slots, prompt_len, longest new_tokens)
 MIXED_CASES = [("tiny", 256, 64, 8, 64), ("15M", 128, 32, 16, 32)]
 
 
-def run_mixed(hf_dir: Path, n: int, slots: int, prompt_len: int, longest: int, repeats: int) -> float:
+def run_mixed(
+    hf_dir: Path, n: int, slots: int, prompt_len: int, longest: int, repeats: int, dtype: str = "float32",
+    decode_path: str = "auto",
+) -> float:
     """Generated tokens/s when each request has its own length (uniform in 1..longest)."""
-    engine = BuiltinEngine(hf_dir, max_batch_size=slots, seed=0)
+    engine = BuiltinEngine(hf_dir, max_batch_size=slots, seed=0, dtype=dtype, decode_path=decode_path)
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(4, vocab, (n, prompt_len), generator=g)
@@ -198,6 +203,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadiest on a shared CPU)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["tiny", "15M"], default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="both sides' weights and activations (the engine's --rollout-dtype)")
+    ap.add_argument("--decode-path", choices=["auto", "hf"], default="auto",
+                    help="the engine's decode path: auto (the fast decoder for Qwen3) or hf (Hugging Face's forward)")
     ap.add_argument("--tiny", action="store_true", help="one small case, one repeat (the smoke test)")
     ap.add_argument("--json", type=Path, default=None, help="also write the goal rows here (bench/run_all.py reads it)")
     args = ap.parse_args()
@@ -206,7 +215,7 @@ def main() -> None:
     repeats = 1 if args.tiny else args.repeats
     results: dict[tuple, tuple[float, float]] = {}
     console = Console(width=120)
-    table = Table(title=f"built-in engine vs HF generate (sampling, torch threads={args.threads})")
+    table = Table(title=f"built-in engine vs HF generate (sampling, {args.dtype}, decode path {args.decode_path}, torch threads={args.threads})")
     for col in ("model", "prompts x samples", "prompt len", "new", "ours tok/s", "generate tok/s", "ours / gen"):
         table.add_column(col, no_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,10 +227,14 @@ def main() -> None:
                 dirs[name] = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
             with console.status(f"{name}: {what}"):
                 # The batch-256 15M case takes ~10 s a call here: fewer repeats.
-                n = min(repeats, 3) if (name, distinct) == ("15M", 256) else repeats
-                ours, hf = run_case(dirs[name], distinct, per_prompt, plen, new, n)
+                limit_row = (name, distinct) == ("15M", 256)
+                n = min(repeats, 3) if limit_row else repeats
+                ours, hf, limit = run_case(
+                    dirs[name], distinct, per_prompt, plen, new, n, args.dtype, args.decode_path, with_limit=limit_row
+                )
                 results[(name, distinct, per_prompt, plen, new)] = (ours, hf)
-                if (name, distinct) == ("15M", 256):
+                if limit_row:
+                    limit_flops = limit
                     from transformers import AutoConfig, AutoModelForCausalLM
 
                     params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(dirs[name])).parameters())
@@ -239,7 +252,7 @@ def main() -> None:
                 continue
             hf_dir = make_tiny(Path(tmp)) if name == "tiny" else make_15m(Path(tmp))
             with console.status(f"{name}: {n} requests of 1..{longest} tokens"):
-                tps = run_mixed(hf_dir, n, slots, plen, longest, args.repeats)
+                tps = run_mixed(hf_dir, n, slots, plen, longest, args.repeats, args.dtype, args.decode_path)
             mixed.add_row(name, str(n), str(slots), f"1..{longest}", f"{tps:,.0f}")
     console.print(mixed)
     rows = []
@@ -255,10 +268,10 @@ def main() -> None:
             rows.append({"what": label, "value": ours / hf, "unit": "x generate", "goal": ">= 2" if "rollout" not in label and "smoke" not in label else "",
                          "met": ours / hf >= 2 if "rollout" not in label and "smoke" not in label else None})
     if ("15M", 256, 1, 16, 64) in results:
-        # Decoding costs about 2 FLOPs per parameter per token (tied embeddings counted once).
-        limit = matmul_limit_flops(args.threads)
-        frac = results[("15M", 256, 1, 16, 64)][0] * 2 * params / limit
-        console.print(f"15M batch 256: {frac:.0%} of the fp32 matmul limit ({limit / 1e9:.0f} GFLOP/s at {args.threads} thread(s))")
+        # Decoding costs about 2 FLOPs per parameter per token (tied embeddings counted once); the
+        # limit is the median of 2048^3 matmuls timed between the engine's runs (same load).
+        frac = results[("15M", 256, 1, 16, 64)][0] * 2 * params / limit_flops
+        console.print(f"15M batch 256: {frac:.0%} of the fp32 matmul limit ({limit_flops / 1e9:.0f} GFLOP/s at {args.threads} thread(s))")
         rows.append({"what": "engine, 15M batch 256: share of the fp32 matmul limit", "value": frac, "unit": "of limit",
                      "goal": ">= 0.6", "met": frac >= 0.6})
     if args.json:

@@ -98,6 +98,11 @@ def _check_engines(cfg: EngineConfig) -> None:
         "--rollout-num-gpus-per-engine must be 1 with the built-in engine (it does not shard a model across devices).",
         "--rollout-num-gpus-per-engine",
     )
+    _require(
+        not _sglang_engines(cfg) or cfg.rollout.rollout_dtype == "float32",
+        "--rollout-dtype sets the built-in engine's dtype; with --rollout-backend sglang use --sglang-dtype instead.",
+        "--rollout-dtype",
+    )
     if c.rollout_num_gpus is not None:
         _require(c.rollout_num_gpus >= 1, "--rollout-num-gpus must be at least 1 (or unset for the in-process engine).", "--rollout-num-gpus")
     for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):

@@ -88,6 +88,8 @@ ROWS = [
     ("megatron-sp-without-tp", "train", ["--train-backend", "megatron", "--sequence-parallel", "--dry-run"], [], 2,
      "--sequence-parallel"),
     ("fault-tolerance-unsupported", "train", ["--use-fault-tolerance", "--dry-run"], [], 2, "--use-fault-tolerance"),
+    ("rollout-dtype-with-sglang", "train", ["--rollout-backend", "sglang", "--rollout-dtype", "bfloat16", "--dry-run"], [], 2,
+     "--sglang-dtype"),
     ("eps-clip-c", "train", ["--dry-run"], ["--eps-clip-c", "0.5"], 2, "--eps-clip-c"),
     ("save-interval-0", "train", ["--dry-run"], ["--save-interval", "0"], 2, "--save-interval"),
     ("eval-interval-0", "train", ["--dry-run"], ["--eval-interval", "0"], 2, "--eval-interval"),

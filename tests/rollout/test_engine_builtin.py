@@ -52,9 +52,16 @@ def hf_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+# Every engine test runs on both decode paths: "auto" picks the fast decoder for this Qwen3 model,
+# "hf" is Hugging Face's forward, which every other architecture uses.
+@pytest.fixture(scope="module", params=["auto", "hf"])
+def path(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(hf_dir) -> BuiltinEngine:
-    return BuiltinEngine(hf_dir, seed=0, max_batch_size=64)
+def engine(hf_dir, path) -> BuiltinEngine:
+    return BuiltinEngine(hf_dir, seed=0, max_batch_size=64, decode_path=path)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +69,33 @@ def hf_model(hf_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+
+
+def _spy_forwards(eng: BuiltinEngine, before) -> callable:
+    """Call `before(rows)` ahead of every model forward (prefill or decode, on either decode path),
+    `rows` being the forward's batch size; returns the function that removes the spy."""
+    if eng._decoder is None:
+        forward = eng.model.forward
+
+        def spy(*args, **kwargs):
+            before(kwargs["input_ids"].shape[0])
+            return forward(*args, **kwargs)
+
+        eng.model.forward = spy
+        return lambda: setattr(eng.model, "forward", forward)
+    dec = eng._decoder
+    prefill, decode = dec.prefill_into, dec.decode
+
+    def spy_prefill(ids, *args):
+        before(ids.shape[0])
+        return prefill(ids, *args)
+
+    def spy_decode(tokens, *args):
+        before(tokens.shape[0])
+        return decode(tokens, *args)
+
+    dec.prefill_into, dec.decode = spy_prefill, spy_decode
+    return lambda: (delattr(dec, "prefill_into"), delattr(dec, "decode"))
 
 
 def _ids(engine: BuiltinEngine, text: str) -> list[int]:
@@ -98,8 +132,8 @@ def test_greedy_matches_hf_generate_token_for_token(engine, hf_model):
         (dict(temperature=0.0), False),
     ],
 )
-def test_logprobs_equal_a_full_forward_pass(hf_dir, hf_model, sp, original):
-    eng = BuiltinEngine(hf_dir, seed=3, return_original_logprob=original)
+def test_logprobs_equal_a_full_forward_pass(hf_dir, path, hf_model, sp, original):
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=3, return_original_logprob=original)
     prompts = PROMPTS[:24:3] + PROMPTS[-3:]
     outs = eng.generate([_req(eng, p, max_new_tokens=8, **sp) for p in prompts])
     t = sp["temperature"] if sp["temperature"] > 0 and not original else 1.0
@@ -114,8 +148,8 @@ def test_logprobs_equal_a_full_forward_pass(hf_dir, hf_model, sp, original):
         assert resp.output_token_logprobs == pytest.approx(expected, abs=1e-5)
 
 
-def test_batched_equals_one_by_one_greedy(hf_dir):
-    eng = BuiltinEngine(hf_dir, max_batch_size=16)  # 103 prompts: 7 batches, padding and row dropping
+def test_batched_equals_one_by_one_greedy(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=16)  # 103 prompts: 7 batches, padding and row dropping
     reqs = [_req(eng, p, temperature=0, max_new_tokens=10) for p in PROMPTS]
     batched = eng.generate(reqs)
     single = [eng.generate([r])[0] for r in reqs[::5]]
@@ -125,8 +159,8 @@ def test_batched_equals_one_by_one_greedy(hf_dir):
         assert b.output_token_logprobs == pytest.approx(s.output_token_logprobs, abs=1e-5)
 
 
-def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
-    eng = BuiltinEngine(hf_dir, seed=0)
+def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=0)
     prompts = ["3+4=", "12+3=", "9="]
     greedy = eng.generate([_req(eng, p, temperature=0, max_new_tokens=8) for p in prompts for _ in range(4)])
     for k, p in enumerate(prompts):
@@ -142,10 +176,10 @@ def test_repeated_prompts_share_a_prefill_and_match_solo_runs(hf_dir):
         assert copies[s].output_ids == solo.output_ids
 
 
-def test_mixed_limits_and_stops_in_one_batch_match_solo_runs(hf_dir):
+def test_mixed_limits_and_stops_in_one_batch_match_solo_runs(hf_dir, path):
     # Different max_new_tokens, stop strings and stop ids per row: rows finish at different steps,
     # the batch is compacted several times, and each row must still equal its solo run.
-    eng = BuiltinEngine(hf_dir, seed=0)
+    eng = BuiltinEngine(hf_dir, decode_path=path, seed=0)
     reqs = []
     for k, p in enumerate(PROMPTS[:40]):
         sp = dict(temperature=0, max_new_tokens=1 + k % 9)
@@ -205,9 +239,9 @@ def test_same_seed_same_sample_whatever_the_batch(engine):
     assert len(samples) > 1  # the seed matters
 
 
-def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir):
+def test_engine_seed_makes_unseeded_runs_reproducible(hf_dir, path):
     def run(seed: int) -> list[list[int]]:
-        eng = BuiltinEngine(hf_dir, seed=seed)
+        eng = BuiltinEngine(hf_dir, decode_path=path, seed=seed)
         reqs = [GenerateRequest(_ids(eng, p), SamplingParams(max_new_tokens=6)) for p in PROMPTS[:16]]
         return [r.output_ids for r in eng.generate(reqs)]
 
@@ -232,6 +266,30 @@ def test_sampler_matches_the_distribution():
     # top-k 2 then top-p 0.5 of the rest (0.5/0.8 = 0.625 >= 0.5): only token 0 survives.
     params = BatchParams(torch.ones(n), torch.full((n,), 2), torch.full((n,), 0.5), keys)
     assert sample_next(logits, params, 0)[0].eq(0).all()
+
+
+@pytest.mark.parametrize("vocab", [19, 1000, 8192])  # one level; two levels with a padded last block; 64 full blocks
+def test_sampler_is_the_inverse_cdf_of_the_tempered_distribution(vocab):
+    # The sampler must pick, for uniform u, the first token whose cumulative probability exceeds u
+    # (computed here the plain way: softmax, float64 cumsum over the whole vocabulary), and return
+    # log_softmax(logits / T) of it. Rows mix temperatures 1, 0.7 and greedy.
+    n = 3000
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(n, vocab, generator=g) * 3
+    temps = torch.tensor([1.0, 0.7, 0.0]).repeat(n // 3)
+    keys = torch.arange(n, dtype=torch.int64)
+    params = BatchParams(temps, torch.full((n,), -1), torch.ones(n), keys)
+    tokens, logp = sample_next(logits, params, 4)
+    t = torch.where(temps == 0, torch.ones_like(temps), temps)
+    ref_logp = torch.log_softmax(logits / t[:, None], dim=-1)
+    cdf = ref_logp.double().exp().cumsum(-1)
+    u = uniform_noise(keys, torch.full((n,), 4))
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=vocab - 1)
+    expected = torch.where(temps == 0, logits.argmax(-1), expected)
+    assert (tokens != expected).sum() <= 1  # a u within rounding of a cumulative boundary may land either side
+    assert torch.allclose(logp, ref_logp.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
+    if vocab > 19:  # draws from many blocks, not only the first or the last
+        assert len(set((tokens[temps > 0] // 128).tolist())) > vocab // 128 // 2
 
 
 def _splitmix64_reference(state: int, i: int) -> int:
@@ -281,10 +339,10 @@ def test_top_k_and_top_p_by_hand():
     assert torch.equal(out, torch.tensor(expected))
 
 
-def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, hf_model):
+def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, path, hf_model):
     from transformers import AutoModelForCausalLM
 
-    eng = BuiltinEngine(hf_dir)
+    eng = BuiltinEngine(hf_dir, decode_path=path)
     new = AutoModelForCausalLM.from_pretrained(hf_dir)
     _sharpen(new, seed=2)
     sent = list(new.state_dict().items())  # includes the tied lm_head.weight under its own name
@@ -306,6 +364,15 @@ def test_update_weights_in_buckets_then_parameters_equal_bit_for_bit(hf_dir, hf_
     assert all(r.weight_version == 7 for r in after) and before[0].weight_version == 0
     assert [r.output_ids for r in after] != [r.output_ids for r in before]
     assert eng.health()["weight_version"] == 7
+    # What the engine computes now is the new model's forward (no stale copy of any weight anywhere).
+    new.eval()
+    for prompt, resp in zip(PROMPTS[:10], after):
+        ids = _ids(eng, prompt)
+        with torch.no_grad():
+            logp = torch.log_softmax(new(torch.tensor([ids + resp.output_ids])).logits[0].float(), dim=-1)
+        expected = [logp[len(ids) - 1 + k, tok].item() for k, tok in enumerate(resp.output_ids)]
+        assert resp.output_token_logprobs == pytest.approx(expected, abs=1e-5)
+        assert resp.output_ids == logp[len(ids) - 1 : -1].argmax(-1).tolist()  # greedy under the new weights
 
 
 def test_weight_update_rejects_misuse(engine):
@@ -322,20 +389,18 @@ def test_weight_update_rejects_misuse(engine):
         engine.end_weight_update(engine.weight_version)
 
 
-def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
-    eng = BuiltinEngine(hf_dir, wait_timeout_s=0.2)
+def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, wait_timeout_s=0.2)
     calls = {"n": 0}
-    forward = eng.model.forward
 
-    def pausing_forward(*args, **kwargs):
+    def pause_at_third(rows):
         calls["n"] += 1
         if calls["n"] == 3:  # prefill + 2 decode steps (2 tokens sampled), then a pause arrives
             eng.pause_generation()
-        return forward(*args, **kwargs)
 
-    eng.model.forward = pausing_forward
+    undo = _spy_forwards(eng, pause_at_third)
     out = eng.generate([_req(eng, p, temperature=0, max_new_tokens=50, stop_token_ids=[]) for p in ["1+1=", "2+2="]])
-    eng.model.forward = forward
+    undo()
     for r in out:
         if r.finish_type != "stop":  # a row may legitimately hit eos before the pause
             assert r.finish_reason == {"type": "abort"} and len(r.output_ids) == 2
@@ -353,13 +418,13 @@ def test_pause_aborts_in_flight_requests_and_blocks_new_ones(hf_dir):
     assert eng.health()["paused"] is False
 
 
-def test_an_abort_the_scheduler_reaches_late_spares_requests_submitted_after_it(hf_dir):
+def test_an_abort_the_scheduler_reaches_late_spares_requests_submitted_after_it(hf_dir, path):
     """A weight update's pause aborts what was in flight, never the next rollout's requests. On a busy
     machine the scheduler thread may run only after the pause, the update and continue_generation()
     have all returned and new requests are queued (here: it cannot take the lock until then); the
     pause used to stay pending and abort all of them, an empty rollout and a wasted step. A rid
     abort is bounded the same way."""
-    eng = BuiltinEngine(hf_dir)
+    eng = BuiltinEngine(hf_dir, decode_path=path)
     eng.generate([_req(eng, "1+1=", max_new_tokens=1)])  # the scheduler thread exists and is idle
     with eng._cond:
         eng.pause_generation()
@@ -382,11 +447,11 @@ def test_a_directory_without_a_model_is_a_user_error(tmp_path):
     assert err.value.option == "--hf-checkpoint"
 
 
-def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir):
+def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir, path):
     # Two slots; a 40-token request, a 2-token one and a third that waits. The third must be decoded
     # alongside the long one (it takes the short one's slot), not after it, and every row must
     # equal its solo run (greedy and seeded sampling alike) although it joined a batch mid-flight.
-    eng = BuiltinEngine(hf_dir, max_batch_size=2)
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=2)
     reqs = [
         _req(eng, "1+2=", temperature=0, max_new_tokens=40, stop_token_ids=[], rid="long"),
         _req(eng, "33+4=", temperature=0, max_new_tokens=2, rid="short"),
@@ -397,15 +462,9 @@ def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir
     eng.eos_token_ids = frozenset()
     solo = [eng.generate([r])[0] for r in reqs]
     sizes: list[int] = []
-    forward = eng.model.forward
-
-    def spy(*args, **kwargs):
-        sizes.append(kwargs["input_ids"].shape[0])
-        return forward(*args, **kwargs)
-
-    eng.model.forward = spy
+    undo = _spy_forwards(eng, sizes.append)
     together = eng.generate(reqs)
-    eng.model.forward = forward
+    undo()
     for a, b in zip(together, solo):
         assert a.output_ids == b.output_ids and a.finish_type == "length"
         assert a.output_token_logprobs == pytest.approx(b.output_token_logprobs, abs=1e-5)
@@ -415,8 +474,8 @@ def test_continuous_batching_a_waiting_request_takes_a_finished_rows_slot(hf_dir
     assert len(sizes) <= 43, sizes  # without continuous batching: 40 + 6 + prefills
 
 
-def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir):
-    eng = BuiltinEngine(hf_dir, max_batch_size=8)
+def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path, max_batch_size=8)
     eng.eos_token_ids = frozenset()
     futures = [eng.submit(_req(eng, p, temperature=0, max_new_tokens=200, rid=f"g1-{i}")) for i, p in enumerate(PROMPTS[:3])]
     keep = eng.submit(_req(eng, "4+4=", temperature=0, max_new_tokens=5, rid="g2-0"))
@@ -424,3 +483,26 @@ def test_abort_request_by_rid_prefix_returns_partial_output(hf_dir):
     aborted = [f.result(timeout=60) for f in futures]
     assert all(r.finish_type == "abort" and len(r.output_ids) < 200 for r in aborted)
     assert keep.result(timeout=60).finish_type == "length"
+
+
+def test_a_failing_forward_fails_its_requests_and_the_next_batch_starts_clean(hf_dir, path):
+    eng = BuiltinEngine(hf_dir, decode_path=path)
+    reqs = [_req(eng, p, temperature=0, max_new_tokens=6) for p in PROMPTS[:5]]
+    expected = [r.output_ids for r in eng.generate(reqs)]
+    calls = {"n": 0}
+
+    def fail_on_third(rows):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("forward failed on purpose")
+
+    undo = _spy_forwards(eng, fail_on_third)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        eng.generate(reqs)
+    undo()
+    # Nothing of the failed batch leaks into the next one: same outputs, and its rows are not decoded.
+    sizes: list[int] = []
+    undo = _spy_forwards(eng, sizes.append)
+    assert [r.output_ids for r in eng.generate(reqs)] == expected
+    undo()
+    assert max(sizes) <= len(reqs), sizes

@@ -9,22 +9,27 @@ How requests run:
 
 1. `submit(request)` queues a request and returns a future; `generate(requests)` is submit + wait.
    One scheduler thread owns the model and the running batch (at most `max_batch_size` rows).
-2. Continuous batching: at every decode step, waiting requests are admitted into free slots. Their
-   prompts are prefilled together (the `n_samples_per_prompt` copies of a prompt share one prefill)
-   into a fresh `DynamicCache`, which is left-padded and concatenated onto the running batch's cache.
-   Attention masks and position ids count each row's real tokens only, so a row sees the positions
-   it would see alone.
-3. Sampling per row: greedy when temperature == 0, else temperature, top-k (-1 = off), top-p, then
-   inverse-CDF sampling with one uniform per row, a SplitMix64 hash of (row key, the row's own step)
-   (`uniform_noise`). A request's key is its `seed`, so a seeded request gets the same tokens whatever
-   else is in the batch and whenever it joined; unseeded requests get keys from the engine's generator
-   (seeded by `seed=`) in submission order.
+2. Continuous batching: at every decode step, waiting requests are admitted into free slots and
+   their prompts prefilled together (the `n_samples_per_prompt` copies of a prompt share one prefill).
+   Two decode paths, chosen from `model.config.model_type` (`decode_path` in `health()`):
+   - **fast** (Llama, Qwen2, Qwen3; `decoder.py` + `slot_batch.py`): our own forward over the HF
+     model's own weight tensors, a KV cache preallocated per slot and grown geometrically, written
+     in place; every row sits at its own cache column, so joining rows need no cache merge and
+     finished rows leave at once (the last rows move into their slots) and are never decoded again.
+     Tokens, log-probs and finish checks stay tensors; one small list reaches the host per step.
+   - **hf** (every other architecture, or `decode_path="hf"`): Hugging Face's forward with a
+     left-padded `DynamicCache` concatenated onto the running batch's; masks and position ids count
+     each row's real tokens only, so a row sees the positions it would see alone.
+3. Sampling (`sampler.py`): greedy when temperature == 0, else temperature, top-k (-1 = off), top-p,
+   then inverse-CDF sampling with one uniform per row, a SplitMix64 hash of (row key, the row's own
+   step) (`uniform_noise`). A request's key is its `seed`, so a seeded request gets the same tokens
+   whatever else is in the batch and whenever it joined; unseeded requests get keys from the
+   engine's generator (seeded by `seed=`) in submission order.
 4. A row finishes on a stop token (the model's eos ids plus `stop_token_ids`; kept in `output_ids`),
    a stop string (matched on the decoded tail of the response; kept in `text`), `max_new_tokens`
    ("length"), `abort_request` or `pause_generation()` ("abort"). Its future resolves at once. Free
-   slots are refilled an eighth of the batch at a time (each admission costs a prefill forward and a
-   cache merge), or at once when everything waiting fits; finished rows leave the batch (and its KV
-   cache) then, or once a quarter of the batch has finished.
+   slots are refilled an eighth of the batch at a time (each admission costs a prefill forward), or
+   at once when everything waiting fits.
 5. Log-probs: see `base.py` (`log_softmax(logits / T)` of the chosen token; T = 1 for greedy;
    `return_original_logprob=True` gives T = 1 always).
 
@@ -49,7 +54,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import torch
 
@@ -61,6 +66,18 @@ from miles.rollout.engine.base import (
     RolloutEngine,
     SamplingParams,
     weights_checksum,
+)
+from miles.rollout.engine.decoder import Decoder, unsupported_reason
+from miles.rollout.engine.slot_batch import SlotBatch
+from miles.rollout.engine.sampler import (  # noqa: F401  (re-exported: the sampler used to live here)
+    _GOLDEN,
+    BatchParams,
+    _apply_top_k,
+    _apply_top_p,
+    _as_int64,
+    mix64,
+    sample_next,
+    uniform_noise,
 )
 
 # Finished rows leave the batch when waiting requests are admitted into their slots, or once this
@@ -105,6 +122,20 @@ class _Batch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def n_live(self) -> int:
+        return sum(self.live)
+
+    def abort(self, which) -> list[_Row]:
+        """Finish the live rows `which(row)` selects with "abort" (`row.out` is already up to date)."""
+        done = []
+        for j, row in enumerate(self.rows):
+            if self.live[j] and which(row):
+                row.finish = "abort"
+                self.live[j] = False
+                done.append(row)
+        return done
 
     def select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
@@ -155,12 +186,13 @@ class BuiltinEngine(RolloutEngine):
         hf_dir: str | os.PathLike[str],
         *,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         max_batch_size: int = 256,
         seed: int = 0,
         attn_implementation: str = "sdpa",
         return_original_logprob: bool = False,
         wait_timeout_s: float = 600.0,
+        decode_path: Literal["auto", "hf"] = "auto",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -175,14 +207,14 @@ class BuiltinEngine(RolloutEngine):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.hf_dir = hf_path
         self.device = torch.device(device)
-        self.dtype = dtype
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" as --rollout-dtype names it
         self.max_batch_size = max_batch_size
         self.return_original_logprob = return_original_logprob
         self.wait_timeout_s = wait_timeout_s
 
         self.tokenizer = AutoTokenizer.from_pretrained(hf_path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
-            hf_path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+            hf_path, dtype=self.dtype, attn_implementation=attn_implementation, local_files_only=True
         ).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)
@@ -191,6 +223,15 @@ class BuiltinEngine(RolloutEngine):
         self._cache_kw = "cache" if "cache" in forward_args else "past_key_values"
         # Every name a trainer may send, tied weights included (lm_head.weight is embed_tokens.weight).
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # The fast decoder for the Llama family (decoder.py); other models run Hugging Face's forward.
+        if decode_path not in ("auto", "hf"):
+            raise ValueError(f"decode_path must be 'auto' or 'hf', got {decode_path!r}")
+        reason = "decode_path='hf'" if decode_path == "hf" else unsupported_reason(self.model)
+        self._decoder: Decoder | None = Decoder(self.model) if reason is None else None
+        self.decode_path = "fast" if self._decoder is not None else "hf"
+        self.decode_path_reason = reason  # why Hugging Face's forward runs (None on the fast path)
+        # The fast path's batch: its KV cache and per-row buffers are kept between batches (they only grow).
+        self._slots: SlotBatch | None = None
 
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -315,7 +356,7 @@ class BuiltinEngine(RolloutEngine):
                             else:
                                 kept.append(row)
                         setattr(self, queue, collections.deque(kept) if queue == "_waiting" else kept)
-                live = sum(batch.live) if batch is not None else 0
+                live = batch.n_live if batch is not None else 0
                 free = self.max_batch_size - live
                 # Each admission costs a prefill forward and a KV-cache merge, so slots are refilled
                 # in groups (an eighth of the batch), or at once when everything waiting fits.
@@ -324,13 +365,10 @@ class BuiltinEngine(RolloutEngine):
                 admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 self._running = (len(batch) if batch is not None else 0) + len(admit)
             if batch is not None and (abort_all or rids):
-                for j, row in enumerate(batch.rows):
-                    if batch.live[j] and _aborted(row, below, rids):
-                        row.finish = "abort"
-                        batch.live[j] = False
-                        finished.append(row)
+                with self._model_lock:
+                    finished += batch.abort(lambda row: _aborted(row, below, rids))
             self._resolve(finished)
-            if not admit and (batch is None or not any(batch.live)):
+            if not admit and (batch is None or batch.n_live == 0):
                 batch = None
                 with self._cond:
                     self._running = 0
@@ -352,9 +390,39 @@ class BuiltinEngine(RolloutEngine):
             self._stats["busy_seconds"] += time.perf_counter() - start
 
     @torch.inference_mode()
-    def _step(self, batch: _Batch | None, admit: list[_Row]) -> _Batch | None:
-        """Admit waiting rows (prefill, merge), sample one token per live row, retire finished rows,
-        then run one decode forward over the batch."""
+    def _step(self, batch, admit: list[_Row]):
+        """Admit waiting rows (prefill), sample one token per live row, retire finished rows, then run
+        one decode forward over the batch. Returns the batch, or None once no row is left."""
+        if self._decoder is not None:
+            return self._fast_step(batch, admit)
+        return self._hf_step(batch, admit)
+
+    def _fast_step(self, batch: SlotBatch | None, admit: list[_Row]) -> SlotBatch | None:
+        if batch is None:
+            # Weights change only while no batch runs: this is where the fused matrices are checked.
+            self._decoder.ensure_current()
+            dec = self._decoder
+            if self._slots is None or self._slots.kv.device != dec.device or self._slots.kv.dtype != dec.dtype:
+                self._slots = SlotBatch(
+                    dec, dec.new_cache(), pad_token_id=self.pad_token_id, stop_string=self._stop_string,
+                    original_logprob=self.return_original_logprob,
+                )
+            batch = self._slots
+            batch.reset()
+            batch.original_logprob = self.return_original_logprob
+        if admit:
+            batch.admit(admit)
+        self._resolve(batch.sample())
+        if batch.n_live == 0:
+            with self._cond:
+                self._running = 0
+                self._cond.notify_all()
+            return None
+        batch.decode()
+        return batch
+
+    def _hf_step(self, batch: _Batch | None, admit: list[_Row]) -> _Batch | None:
+        """`_step` through Hugging Face's forward and `DynamicCache` (models the fast decoder does not cover)."""
         if admit:
             if batch is not None:
                 dead = [j for j, alive in enumerate(batch.live) if not alive]
@@ -429,7 +497,7 @@ class BuiltinEngine(RolloutEngine):
             idx = torch.tensor(share, dtype=torch.long, device=dev)
             cache.batch_select_indices(idx)
             logits, mask, positions = logits[idx], mask[idx], positions[idx]
-        params = BatchParams.build(rows, dev)
+        params = BatchParams.build([row.req.sampling_params for row in rows], [row.key for row in rows], dev)
         return _Batch(list(rows), cache, mask, positions[:, -1:] + 1, logits, params, padded)
 
     def _resolve(self, rows: list[_Row]) -> None:
@@ -570,12 +638,14 @@ class BuiltinEngine(RolloutEngine):
             self._release_held()
 
     def flush_cache(self) -> None:
-        """No-op: KV lives only while its request runs, and updates wait for an idle engine."""
+        """No-op: KV entries live only while their request runs, and updates wait for an idle engine
+        (the fast path keeps its cache buffer between batches, never its entries)."""
 
     def release_memory_occupation(self) -> None:
         """--offload-rollout: weights to host memory (no-op on CPU, where they already are)."""
         if self.device.type != "cpu":
             with self._model_lock:
+                self._slots = None
                 self.model.to("cpu")
                 torch.cuda.empty_cache()
 
@@ -592,6 +662,7 @@ class BuiltinEngine(RolloutEngine):
             "model": str(self.hf_dir),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "decode_path": self.decode_path,
             "weight_version": self.weight_version,
             "paused": self._paused,
             "updating": self._updating,
@@ -643,127 +714,3 @@ def reject_unsupported_sampling(sp: SamplingParams) -> None:
         raise ValueError(
             f"the built-in engine cannot honour sampling_params {', '.join(bad)}; drop them or use --rollout-backend sglang"
         )
-
-
-class BatchParams:
-    """Sampling parameters of the rows in a batch, as tensors and flags (re-selected when rows leave)."""
-
-    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor):
-        self.greedy = temperature == 0
-        # Greedy rows are argmax'd at the end; dividing their logits by 1 instead of 0 keeps them finite.
-        self.temps = torch.where(self.greedy, torch.ones_like(temperature), temperature)
-        self.top_k, self.top_p, self.keys = top_k, top_p, keys
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
-        self.all_t1 = bool((self.temps == 1).all())
-        self.any_top_k = bool((top_k > 0).any())
-        self.any_top_p = bool((top_p < 1).any())
-
-    @classmethod
-    def build(cls, rows: list[_Row], device: torch.device) -> "BatchParams":
-        sps = [row.req.sampling_params for row in rows]
-        return cls(
-            torch.tensor([sp.temperature for sp in sps], dtype=torch.float32, device=device),
-            torch.tensor([sp.top_k for sp in sps], dtype=torch.long, device=device),
-            torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=device),
-            torch.tensor([row.key for row in rows], dtype=torch.int64, device=device),
-        )
-
-    def _temperature(self) -> torch.Tensor:
-        return torch.where(self.greedy, torch.zeros_like(self.temps), self.temps)
-
-    def select(self, idx: torch.Tensor) -> "BatchParams":
-        return BatchParams(self._temperature()[idx], self.top_k[idx], self.top_p[idx], self.keys[idx])
-
-    def cat(self, other: "BatchParams") -> "BatchParams":
-        return BatchParams(
-            torch.cat([self._temperature(), other._temperature()]),
-            torch.cat([self.top_k, other.top_k]),
-            torch.cat([self.top_p, other.top_p]),
-            torch.cat([self.keys, other.keys]),
-        )
-
-
-def sample_next(
-    logits: torch.Tensor, p: BatchParams, steps: torch.Tensor | int, original_logprob: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next token per row, its log-prob) for [rows, vocab] logits; row r is at decode step `steps[r]`.
-
-    Inverse-CDF sampling: one uniform u per row from (key, step) picks the first token whose
-    cumulative probability exceeds u x total, i.e. token i with probability p_i. The only random
-    numbers are one per row (no rows x vocab noise tensor).
-    """
-    logits = logits.float()
-    if p.all_greedy:
-        tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-    scaled = logits if p.all_t1 else logits / p.temps[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
-    probs = logp.exp()
-    if p.any_top_k:
-        probs = _apply_top_k(probs, p.top_k)
-    if p.any_top_p:
-        probs = _apply_top_p(probs, p.top_p)
-    if not torch.is_tensor(steps):
-        steps = torch.full_like(p.keys, int(steps))
-    cdf = probs.double().cumsum(dim=-1)
-    target = uniform_noise(p.keys, steps) * cdf[:, -1]
-    tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
-    if p.any_greedy:
-        tokens = torch.where(p.greedy, logits.argmax(dim=-1), tokens)
-    if original_logprob and not p.all_t1:
-        logp = torch.log_softmax(logits, dim=-1)
-    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
-
-
-# SplitMix64 (Steele, Lea, Flood 2014) constants, as signed int64 (torch has no uint64 arithmetic).
-_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
-_MUL1 = 0xBF58476D1CE4E5B9 - 2**64
-_MUL2 = 0x94D049BB133111EB - 2**64
-
-
-def _as_int64(x: int) -> int:
-    """`x` mod 2^64, as the signed int64 with the same bits."""
-    x %= 2**64
-    return x - 2**64 if x >= 2**63 else x
-
-
-def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's `>>` is arithmetic: it copies the sign bit)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def mix64(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's output function on int64 tensors (multiplication wraps mod 2^64)."""
-    z = (z ^ _shr(z, 30)) * _MUL1
-    z = (z ^ _shr(z, 27)) * _MUL2
-    return z ^ _shr(z, 31)
-
-
-def uniform_noise(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One float64 uniform in [0, 1) per row, a pure function of (key, step).
-
-    The draw is SplitMix64's first output from the state mix64(key + step x golden), top 53 bits:
-    exact integer math, so the same (key, step) gives the same number on any device and in any batch.
-    """
-    base = mix64(keys + steps * _GOLDEN)
-    return _shr(mix64(base + _GOLDEN), 11).double() * 2.0**-53
-
-
-def _apply_top_k(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Zero every probability below the row's k-th largest (rows with k <= 0 are untouched)."""
-    vocab = probs.shape[-1]
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    kth = probs.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
-    return probs.masked_fill(probs < kth, 0.0)
-
-
-def _apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one token)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    # Normalise by the row total: top-k may have removed mass already.
-    drop = mass_before >= top_p[:, None] * sorted_p.sum(dim=-1, keepdim=True)
-    drop &= (top_p < 1)[:, None]  # rounding in cumsum must not trim rows that asked for no top-p
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    return torch.zeros_like(probs).scatter_(1, order, sorted_p)

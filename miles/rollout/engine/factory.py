@@ -36,7 +36,9 @@ def make_engine(
     if c.rollout_num_gpus is None:
         from miles.rollout.engine.builtin import BuiltinEngine
 
-        return BuiltinEngine(r.hf_checkpoint, device=device, max_batch_size=r.rollout_max_batch_size, seed=r.rollout_seed)
+        return BuiltinEngine(
+            r.hf_checkpoint, device=device, dtype=r.rollout_dtype, max_batch_size=r.rollout_max_batch_size, seed=r.rollout_seed
+        )
     from miles.rollout.engine.fleet import EngineFleet
 
     return EngineFleet(
@@ -47,6 +49,7 @@ def make_engine(
         max_batch_size=r.rollout_max_batch_size,
         seed=r.rollout_seed,
         device=device,
+        dtype=r.rollout_dtype,
         actor_options=actor_options,
         log_dir=log_dir,
     )

@@ -61,14 +61,14 @@ PROBE_TIMEOUT_S = 10.0
 class EngineServerActor:
     """Hosted by a Ray actor: one `BuiltinEngine` served over HTTP on 127.0.0.1 (a free port)."""
 
-    def __init__(self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, threads: int = 1):
+    def __init__(self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, threads: int = 1, dtype: str = "float32"):
         import torch
 
         from miles.rollout.engine.builtin import BuiltinEngine
         from miles.rollout.engine.server import EngineServer
 
         torch.set_num_threads(threads)
-        self.server = EngineServer(BuiltinEngine(hf_dir, device=device, max_batch_size=max_batch_size, seed=seed))
+        self.server = EngineServer(BuiltinEngine(hf_dir, device=device, dtype=dtype, max_batch_size=max_batch_size, seed=seed))
         self.server.start()
 
     def url(self) -> str:
@@ -105,6 +105,7 @@ class EngineFleet(RolloutEngine):
         max_batch_size: int = 256,
         seed: int = 0,
         device: str = "cpu",
+        dtype: str = "float32",
         actor_options: list[dict[str, Any]] | None = None,
         log_dir: str | Path | None = None,
         make_actor=None,
@@ -119,7 +120,7 @@ class EngineFleet(RolloutEngine):
         self.hf_dir, self.num_engines = hf_dir, num_engines
         self.ft = ft
         self.fault_tolerant = bool(ft.use_fault_tolerance)
-        self._engine_args = dict(max_batch_size=max_batch_size, device=device)
+        self._engine_args = dict(max_batch_size=max_batch_size, device=device, dtype=dtype)
         self._seed = seed
         self._make_actor = make_actor
         self._max_in_flight = max_in_flight
