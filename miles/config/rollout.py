@@ -80,8 +80,8 @@ class RolloutConfig:
     rollout_dtype: Literal["float32", "bfloat16", "float16"] = option(
         "float32",
         help="Weights, activations and KV cache of the built-in engine. float32 gives the trainer's log-probs "
-        "(train/train_rollout_logprob_abs_diff ~1e-7); bfloat16 halves the memory and is faster where the hardware "
-        "has bf16 matrix units (recent GPUs, CPUs with AMX), with log-probs off by bf16 rounding. SGLang servers take --sglang-dtype.",
+        "(train/train_rollout_logprob_abs_diff ~1e-7); bfloat16 and float16 halve the memory, with log-probs off by "
+        "their rounding. SGLang servers take --sglang-dtype.",
         in_eval=True,
     )
     sglang_server_concurrency: int = option(
