@@ -5,6 +5,7 @@
     python bench/vs_trl.py --steps 500 --eval-interval 50 --target-acc 0.4
     python bench/vs_trl.py --tiny                   # 3 steps per side: the smoke test's size
     python bench/vs_trl.py --side-by-side           # both sides at once, so both see the same load
+    python bench/vs_trl.py --seeds 0 1 2            # the whole comparison once per seed: learning per step, with its spread
 
 What is shared: the tiny recipe's prepared inputs (its random 2-layer Qwen3, the two-digit-addition
 task with 200 held-out problems, and the SFT warm start: one directory both sides start from), and
@@ -12,9 +13,11 @@ the recipe's RL settings: 32 prompts x 8 samples x at most 4 new tokens per step
 lr 3e-4 constant, AdamW (0.9, 0.95, eps 1e-8, no weight decay), grad-norm clip 1.0, PPO clip 0.2,
 no KL, group-normalised advantages (mean and std), one optimizer step per rollout, the loss averaged
 per sample then over samples (TRL `loss_type="grpo"`), exact-match reward on the decoded answer,
-greedy eval of the held-out split every `--eval-interval` steps (and before the first), one torch
-thread per process (miles pins it; TRL gets `torch.set_num_threads(1)`, its steadiest setting on a
-busy 2-core machine). Settings that cannot be made identical are listed in docs/benchmarks.md.
+greedy eval of the held-out split every `--eval-interval` steps (and before the first). miles pins one
+torch thread per process (its trainer and engine are two processes). TRL runs at each setting of
+`--trl-threads`: by default first at its own default (torch's thread count, every core: its strongest
+setting on an idle machine, and the one the ratios are taken against), then at one thread (its steadiest on
+a busy machine), reported too. Settings that cannot be made identical are listed in docs/benchmarks.md.
 
 Each side runs as its own process, launched from here: miles as `miles full-train` (its prepare steps
 are already complete, so it goes straight to Ray start-up and GRPO), TRL as this file with `--trl-child`.
@@ -145,17 +148,24 @@ def run_miles(work: Path, a: argparse.Namespace) -> Side:
     return side
 
 
-def run_trl(work: Path, engine: dict, a: argparse.Namespace) -> Side:
-    out = work / "trl.json"
+def trl_side_name(threads: str) -> str:
+    return "TRL" if threads == "default" else f"TRL {threads} thread" + ("s" if threads != "1" else "")
+
+
+def run_trl(work: Path, engine: dict, a: argparse.Namespace, threads: str = "default") -> Side:
+    out = work / f"trl-{threads}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", json.dumps({
         "model": engine["hf_checkpoint"], "train": engine["prompt_data"], "eval": engine["eval_prompt_data"][1],
-        "out": str(out), "work": str(work / "trl"), "steps": a.steps, "eval_interval": a.eval_interval, "seed": a.seed,
+        "out": str(out), "work": str(work / f"trl-{threads}"), "threads": threads, "steps": a.steps, "eval_interval": a.eval_interval, "seed": a.seed,
         "engine": {k: engine[k] for k in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
                                           "rollout_temperature", "lr", "clip_grad")}})]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launched, wall, peak = launch(cmd, work / "trl.log", a.timeout_s, env=env)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("OMP_NUM_THREADS", None)  # "default": torch picks its own thread count
+    if threads != "default":
+        env["OMP_NUM_THREADS"] = threads
+    launched, wall, peak = launch(cmd, work / f"trl-{threads}.log", a.timeout_s, env=env)
     r = json.loads(out.read_text())
-    return Side("TRL", step_s=r["step_s"], gen_tokens_per_s=r["gen_tokens_per_s"],
+    return Side(trl_side_name(threads), step_s=r["step_s"], gen_tokens_per_s=r["gen_tokens_per_s"],
                 evals=[(t - launched, s, acc) for t, s, acc in r["evals"]], first_step_s=r["first_step_end"] - launched - r["eval_s_before_first"],
                 peak_rss=peak, wall_s=wall)
 
@@ -164,7 +174,8 @@ def trl_child(spec: dict) -> None:
     """TRL's GRPOTrainer with the recipe's settings; writes step times, generation rates and evals to spec['out']."""
     import torch
 
-    torch.set_num_threads(1)
+    if spec["threads"] != "default":
+        torch.set_num_threads(int(spec["threads"]))
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -251,37 +262,61 @@ def trl_child(spec: dict) -> None:
 
 
 def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
-    m, t = sides
+    """Print the sides' table; return the ratio rows, miles against each TRL side (the first TRL side,
+    its default threads, gives the rows' plain names: the goals are set against TRL's strongest setting)."""
     med = {s.name: statistics.median(s.step_s) if s.step_s else float("nan") for s in sides}
     gen = {s.name: statistics.median(s.gen_tokens_per_s) if s.gen_tokens_per_s else float("nan") for s in sides}
-    print(f"\n{'':34}{'miles':>12}{'TRL':>12}")
-    print(f"{'median step time (s)':34}{med['miles']:12.3f}{med['TRL']:12.3f}")
-    print(f"{'generated tokens/s (median)':34}{gen['miles']:12.0f}{gen['TRL']:12.0f}")
-    print(f"{'peak RSS, process tree (GB)':34}{m.peak_rss / 1e9:12.2f}{t.peak_rss / 1e9:12.2f}")
-    print(f"{'start to first RL step (s)':34}{m.first_step_s:12.1f}{t.first_step_s:12.1f}")
-    print(f"{'wall time, whole run (s)':34}{m.wall_s:12.1f}{t.wall_s:12.1f}")
+    width = 16
+    print(f"\n{'':34}" + "".join(f"{s.name:>{width}}" for s in sides))
+    print(f"{'median step time (s)':34}" + "".join(f"{med[s.name]:{width}.3f}" for s in sides))
+    print(f"{'generated tokens/s (median)':34}" + "".join(f"{gen[s.name]:{width}.0f}" for s in sides))
+    print(f"{'peak RSS, process tree (GB)':34}" + "".join(f"{s.peak_rss / 1e9:{width}.2f}" for s in sides))
+    print(f"{'start to first RL step (s)':34}" + "".join(f"{s.first_step_s:{width}.1f}" for s in sides))
+    print(f"{'wall time, whole run (s)':34}" + "".join(f"{s.wall_s:{width}.1f}" for s in sides))
     print("held-out greedy accuracy (wall s since launch, step, accuracy):")
     for s in sides:
-        print(f"  {s.name:6} " + "  ".join(f"{tt:.0f}s/{st}:{acc:.3f}" for tt, st, acc in s.evals))
-    tm, tt = m.time_to(a.target_acc), t.time_to(a.target_acc)
-    print(f"time to held-out {a.target_acc}: miles {'not reached' if tm is None else f'{tm:.0f} s'}, "
-          f"TRL {'not reached' if tt is None else f'{tt:.0f} s'}")
-    steps_ratio = med["TRL"] / med["miles"]
-    wall_ratio = (tm / tt) if tm is not None and tt is not None else None
-    rows = [
-        {"what": "RL loop steps/s vs TRL GRPOTrainer", "value": steps_ratio, "unit": "x TRL", "goal": ">= 2", "met": steps_ratio >= 2},
-        {"what": f"RL loop wall time to held-out {a.target_acc} vs TRL", "value": wall_ratio, "unit": "x TRL", "goal": "<= 0.5",
-         "met": None if wall_ratio is None else wall_ratio <= 0.5},
-        {"what": "start to first RL step vs TRL", "value": m.first_step_s / t.first_step_s, "unit": "x TRL", "goal": "<= 1",
-         "met": m.first_step_s <= t.first_step_s},
-        {"what": "generated tokens/s vs TRL", "value": gen["miles"] / gen["TRL"], "unit": "x TRL", "goal": "", "met": None},
-        {"what": "peak RSS vs TRL", "value": m.peak_rss / t.peak_rss, "unit": "x TRL", "goal": "", "met": None},
-    ]
+        print(f"  {s.name:14} " + "  ".join(f"{tt:.0f}s/{st}:{acc:.3f}" for tt, st, acc in s.evals))
+    m, trls = sides[0], sides[1:]
+    rows: list[dict] = []
+    for k, t in enumerate(trls):
+        vs = "" if k == 0 else f" ({t.name})"
+        tm, tt = m.time_to(a.target_acc), t.time_to(a.target_acc)
+        print(f"time to held-out {a.target_acc}: miles {'not reached' if tm is None else f'{tm:.0f} s'}, "
+              f"{t.name} {'not reached' if tt is None else f'{tt:.0f} s'}")
+        steps_ratio = med[t.name] / med["miles"]
+        wall_ratio = (tm / tt) if tm is not None and tt is not None else None
+        goal = k == 0  # the goals are against TRL at its default threads
+        rows += [
+            {"what": f"RL loop steps/s vs TRL GRPOTrainer{vs}", "value": steps_ratio, "unit": "x TRL", "goal": ">= 2" if goal else "",
+             "met": steps_ratio >= 2 if goal else None},
+            {"what": f"RL loop wall time to held-out {a.target_acc} vs TRL{vs}", "value": wall_ratio, "unit": "x TRL",
+             "goal": "<= 0.5" if goal else "", "met": None if wall_ratio is None or not goal else wall_ratio <= 0.5},
+            {"what": f"start to first RL step vs TRL{vs}", "value": m.first_step_s / t.first_step_s, "unit": "x TRL",
+             "goal": "<= 1" if goal else "", "met": m.first_step_s <= t.first_step_s if goal else None},
+            {"what": f"generated tokens/s vs TRL{vs}", "value": gen["miles"] / gen[t.name], "unit": "x TRL", "goal": "", "met": None},
+            {"what": f"peak RSS vs TRL{vs}", "value": m.peak_rss / t.peak_rss, "unit": "x TRL", "goal": "<= 2" if goal else "",
+             "met": m.peak_rss <= 2 * t.peak_rss if goal else None},
+        ]
     print("\nratios (miles / TRL):")
     for r in rows:
         v = "n/a (target not reached by both)" if r["value"] is None else f"{r['value']:.2f}x"
-        print(f"  {r['what']:48} {v:>14}   goal {r['goal'] or '-'}")
+        print(f"  {r['what']:62} {v:>14}   goal {r['goal'] or '-'}")
     return rows
+
+
+def final_accuracy(side: Side) -> float | None:
+    return side.evals[-1][2] if side.evals else None
+
+
+def missing_bench_extra() -> str | None:
+    """The packages TRL's side needs that are not installed, as one sentence with the command that installs them."""
+    import importlib.util
+
+    missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"bench/vs_trl.py needs {' and '.join(missing)} (the bench-only extra, never a runtime dependency); "
+            "install it with: pip install -e \".[bench]\"")
 
 
 def main() -> int:
@@ -289,7 +324,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150, help="GRPO steps (rollouts) per side")
     ap.add_argument("--eval-interval", type=int, default=25, help="held-out greedy eval every this many steps (and at step 0)")
     ap.add_argument("--target-acc", type=float, default=0.4, help="held-out accuracy for the time-to-accuracy ratio")
-    ap.add_argument("--seed", type=int, default=0, help="prepare seed (model, split, warm start) and rollout seed")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="run the whole comparison once per seed (prepare seed: model, split, warm start; and rollout seed)")
+    ap.add_argument("--trl-threads", default="default,1",
+                    help="TRL's torch thread settings, comma-separated: 'default' (torch's own count) and/or numbers; the first is what the goals compare with")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="kill a side after this long")
     ap.add_argument("--keep", type=Path, default=None, help="work here instead of a deleted temporary folder")
     ap.add_argument("--tiny", action="store_true", help="3 steps, eval every 2, the debug recipe's 2 SFT steps (the smoke test)")
@@ -300,21 +338,44 @@ def main() -> int:
     a.sft_steps = 2 if a.tiny else 375  # the recipe's warm start (its debug_minimal value for --tiny)
     if a.tiny:
         a.steps, a.eval_interval = 3, 2
-    with tempfile.TemporaryDirectory(prefix="miles-vs-trl-") as tmp:
-        work = a.keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        engine = prepared_inputs(work, a.seed, a.sft_steps)
-        if a.side_by_side:  # both at once: on a machine whose load moves, both sides see the same load
-            import concurrent.futures
+    threads = [t.strip() for t in a.trl_threads.split(",") if t.strip()]
+    if not threads or any(t != "default" and not (t.isdigit() and int(t) > 0) for t in threads):
+        print(f"--trl-threads {a.trl_threads!r}: give 'default' and/or positive numbers, comma-separated (e.g. default,1).", file=sys.stderr)
+        return 2
+    problem = missing_bench_extra()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    all_rows: list[dict] = []
+    finals: dict[str, list[float | None]] = {}
+    for seed in a.seeds:
+        a.seed = seed
+        with tempfile.TemporaryDirectory(prefix="miles-vs-trl-") as tmp:
+            work = (a.keep / f"seed{seed}" if len(a.seeds) > 1 else a.keep) if a.keep else Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            engine = prepared_inputs(work, seed, a.sft_steps)
+            if a.side_by_side:  # all at once: on a machine whose load moves, every side sees the same load
+                import concurrent.futures
 
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                both = pool.submit(run_miles, work, a), pool.submit(run_trl, work, engine, a)
-                sides = [both[0].result(), both[1].result()]
-        else:
-            sides = [run_miles(work, a), run_trl(work, engine, a)]
-    rows = summary(sides, a)
+                with concurrent.futures.ThreadPoolExecutor(1 + len(threads)) as pool:
+                    futures = [pool.submit(run_miles, work, a)] + [pool.submit(run_trl, work, engine, a, t) for t in threads]
+                    sides = [f.result() for f in futures]
+            else:
+                sides = [run_miles(work, a)] + [run_trl(work, engine, a, t) for t in threads]
+        if len(a.seeds) > 1:
+            print(f"\n--- seed {seed}")
+        rows = summary(sides, a)
+        for s in sides:
+            finals.setdefault(s.name, []).append(final_accuracy(s))
+        all_rows += [{**r, "seed": seed} for r in rows] if len(a.seeds) > 1 else rows
+    if len(a.seeds) > 1:
+        print("\nheld-out greedy accuracy after the last step, per seed (learning per step, side by side):")
+        for name, accs in finals.items():
+            known = [x for x in accs if x is not None]
+            mean = f"mean {statistics.mean(known):.3f}, spread {min(known):.3f}-{max(known):.3f}" if known else "n/a"
+            print(f"  {name:14} " + " / ".join("n/a" if x is None else f"{x:.3f}" for x in accs) + f"   ({mean})")
     if a.json:
-        a.json.write_text(json.dumps({"bench": "vs_trl", "rows": rows}, indent=2))
+        a.json.write_text(json.dumps({"bench": "vs_trl", "rows": all_rows, "final_accuracy": finals}, indent=2))
     return 0
 
 

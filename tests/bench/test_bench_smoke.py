@@ -75,6 +75,23 @@ def test_vs_trl(tmp_path):
     # Both sides evaluated the held-out split before the first step and after the last (3 steps, every 2).
     log = (tmp_path / "work" / "runs" / "vs-trl" / "metrics.jsonl").read_text().splitlines()
     assert sum('"eval/arith/accuracy"' in line for line in log) >= 2
+    # TRL ran at its default threads (the goals' baseline) and at one thread (reported beside it).
+    assert "RL loop steps/s vs TRL GRPOTrainer (TRL 1 thread)" in by
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is not None, reason="checks the message shown when the bench extra is missing")
+def test_vs_trl_without_the_bench_extra_says_how_to_install_it(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--tiny"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert 'pip install -e ".[bench]"' in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())  # refused before preparing anything
+
+
+def test_vs_trl_rejects_a_bad_thread_setting(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--tiny", "--trl-threads", "two"], cwd=tmp_path,
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--trl-threads" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_run_all_prints_one_table(tmp_path):
