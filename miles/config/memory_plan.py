@@ -312,14 +312,13 @@ def _fixes(cfg, size: ModelSize, hardware: str | None) -> list[str]:
     if fixes:
         return fixes
     # No single change is enough: apply them one after another (each on top of the last) until one fits.
-    current, applied = cfg, []
+    current, applied = cfg, {}  # first flag of a change -> the change (a later doubling replaces an earlier one)
     for _ in range(8):
-        used = {d.split()[0] for d in applied}
-        steps = [(d, v) for d, v in _variants(current) if d.split()[0] not in used]
+        steps = [(d, v) for d, v in _variants(current) if d not in applied.values()]
         if not steps:
             break
         desc, current = min(steps, key=lambda dv: plan_memory(dv[1], size, hardware, suggest=False).trainer_total)
-        applied.append(desc)
+        applied[desc.split()[0]] = desc
         if plan_memory(current, size, hardware, suggest=False).fits:
-            return [" ".join(applied) + " together"]
+            return [" ".join(applied.values()) + " together"]
     return ["no combination of " + ", ".join(d for d, _ in variants) + " is enough; add GPUs (--num-nodes)"]

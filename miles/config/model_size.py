@@ -120,8 +120,6 @@ class ModelSize:
         if experts:
             shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or 0) * moe_ffn
             shared = h * experts + 3 * h * shared_ffn + norm + (h if cfg.get("shared_expert_intermediate_size") else 0)
-            if cfg.get("topk_method") == "noaux_tc" or cfg.get("n_group") is not None:
-                shared += experts  # the router's expert-score correction bias
             dense_layers = int(cfg.get("first_k_dense_replace") or 0)
             if cfg.get("mlp_only_layers"):
                 dense_layers = len(cfg["mlp_only_layers"])
