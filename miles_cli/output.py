@@ -85,10 +85,9 @@ def print_memory_and_gaps(inv) -> None:
     """The memory plan (or why there is none yet) and what `train` would refuse (--dry-run)."""
     from miles_cli.run_plan import memory_plan, trainer_gaps
 
-    plan = memory_plan(inv)
+    plan, why = memory_plan(inv)
     if plan is None:
-        console.print(f"[bold]Memory plan[/bold]: none yet, {inv.config.rollout.hf_checkpoint}/config.json does not exist "
-                      "(full-train's prepare steps create it; rerun --dry-run after them).", highlight=False)
+        console.print(f"[bold]Memory plan[/bold]: none, {escape(why)}.", highlight=False)
     else:
         first, *rest = plan.lines()
         console.print(f"[bold]{escape(first)}[/bold]", highlight=False)

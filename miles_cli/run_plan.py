@@ -36,14 +36,19 @@ def on_gpu(inv) -> bool:
 
 
 def memory_plan(inv):
-    """The MemoryPlan of this invocation, or None when the model's config is not known yet."""
+    """(MemoryPlan, None), or (None, why there is none): no config.json yet, or one the count cannot read."""
     from miles.config.memory_plan import plan_memory
     from miles.config.model_size import ModelSize
 
     config = model_config(inv)
+    where = f"{inv.config.rollout.hf_checkpoint}/config.json"
     if config is None:
-        return None
-    return plan_memory(inv.config, ModelSize.from_hf_config(config), hardware(inv))
+        return None, f"{where} does not exist (full-train's prepare steps create it; rerun --dry-run after them)"
+    try:
+        size = ModelSize.from_hf_config(config)
+    except (KeyError, TypeError, ValueError) as e:  # a config.json of another shape: no plan, not a crash
+        return None, f"{where} has no {e} the parameter count needs"
+    return plan_memory(inv.config, size, hardware(inv)), None
 
 
 def trainer_gaps(inv) -> list[tuple[str, str]]:
@@ -56,7 +61,7 @@ def trainer_gaps(inv) -> list[tuple[str, str]]:
 
 def check_memory(inv, plan=None) -> None:
     """Exit 2 with the arithmetic and the options that would fit, when the plan does not fit."""
-    plan = plan if plan is not None else memory_plan(inv)
+    plan = plan if plan is not None else memory_plan(inv)[0]
     if plan is None or plan.fits:
         return
     raise UserError(
