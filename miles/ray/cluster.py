@@ -127,7 +127,7 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
         session.enter_context(ray_session(cfg, env, num_cpus))
         if stack is not None:
             stack.join()
-        from miles.ray.actors import RolloutManagerActor
+        from miles.ray.actors import RolloutManagerActor, TrainWorkerActor
         from miles.ray.hosting import start_actor
         from miles.ray.rollout_manager import pick_device
         from miles.ray.train_group import TrainGroup
@@ -148,7 +148,7 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
             manager = start_actor(RolloutManagerActor, cfg, label="the RolloutManager", actor_options={**options, **bundle_of("rollout")})
 
         def start_trainer():
-            return TrainGroup.start(cfg, device=device, actor_options=lambda rank: {**options, **bundle_of(rank)})
+            return TrainGroup.start(cfg, TrainWorkerActor, device=device, actor_options=lambda rank: {**options, **bundle_of(rank)})
 
         trainer = start_trainer() if cfg.data.num_rollout is not None else None
         wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)

@@ -6,7 +6,7 @@ Each worker holds one rank of the backend that `--train-backend` names (`torch` 
 the `miles.backends.base.TrainerBackend` interface. Start-up is two calls, because the process group
 must exist before a backend is built:
 
-    group = TrainGroup.start(cfg, device=d, actor_options=lambda rank: {...})   # the actors, then:
+    group = TrainGroup.start(cfg, TrainWorkerActor, device=d, actor_options=lambda rank: {...})   # the actors, then:
     addr, port = rank 0's rendezvous_address()      # rank 0's node IP (Ray) and a port there
     every rank: start(addr, port)                   # init_process_group, build the backend
 
@@ -147,16 +147,15 @@ class TrainGroup:
         self.step_timeout_s = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
 
     @classmethod
-    def start(cls, cfg: EngineConfig, *, device: str, actor_options: Callable[[int], dict[str, Any]]) -> "TrainGroup":
-        """Start one actor per rank, rendezvous at rank 0's node (its IP as Ray sees it, a port free
-        there), then build the backends (every rank loads the model)."""
-        from miles.ray.actors import TrainWorkerActor
+    def start(cls, cfg: EngineConfig, actor_class, *, device: str, actor_options: Callable[[int], dict[str, Any]]) -> "TrainGroup":
+        """Start one `actor_class` (`miles.ray.actors.TrainWorkerActor`) per rank, rendezvous at rank 0's
+        node (its IP as Ray sees it, a port free there), then build the backends (every rank loads the model)."""
         from miles.ray.hosting import start_actor
         from miles.ray.waiting import ACTOR_START_TIMEOUT_S, wait
 
         world = cfg.layout.train_ranks
         actors = [
-            start_actor(TrainWorkerActor, cfg, rank=r, world_size=world, device=device, label=f"the TrainWorker of rank {r}",
+            start_actor(actor_class, cfg, rank=r, world_size=world, device=device, label=f"the TrainWorker of rank {r}",
                         actor_options=actor_options(r))
             for r in range(world)
         ]
