@@ -122,14 +122,18 @@ def test_a_killed_worker_ends_the_run_naming_it_and_releases_the_placement_group
             if path.exists() and any(json.loads(x)["step"] >= 1 for x in path.read_text().splitlines() if x.strip()):
                 break
             time.sleep(0.1)
+        # Ray shows the run's actors by their role's class (what `ray list actors` lists with a dashboard).
+        alive.update(a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] == "ALIVE")
         worker = next(a for a in hosted_actors()[hosted_before:] if a.label == "the TrainWorker of rank 0")
         ray.kill(worker.handle, no_restart=True)
 
+    alive: set[str] = set()
     killer = threading.Thread(target=kill_the_worker_after_a_step, daemon=True)
     killer.start()
     with pytest.raises(ActorDied, match=r"^the TrainWorker of rank 0 \(pid \d+\) died while the driver waited for "):
         run_training(config(files, run_dir, num_rollout=200), run_dir=run_dir, run_id="killed")
     killer.join(timeout=60)
+    assert {"TrainWorkerActor", "RolloutManagerActor"} <= alive, alive
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 
