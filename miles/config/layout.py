@@ -64,6 +64,7 @@ class RunLayout:
     device: str  # "cpu", "cuda", or "auto" until the run picks one
     offload_train: bool | None  # as it takes effect on `device`; None while the device is "auto"
     offload_rollout: bool | None
+    wants_offload: tuple[bool, bool] = (False, False)  # (--offload-train, --offload-rollout) as given
 
     @property
     def engine_bundles(self) -> int:
@@ -90,7 +91,8 @@ class RunLayout:
                 f" over {e.nodes_per_engine} nodes" if e.nodes_per_engine > 1 else "") + f" ({where})"
         steps = "from --num-epoch once the dataset is read" if self.num_rollout is None else str(self.num_rollout)
         if self.offload_train is None:
-            offload = "offload as set on a GPU, none on CPU (--device auto picks at start)"
+            offload = (f"offload train {'on' if self.wants_offload[0] else 'off'}, rollout {'on' if self.wants_offload[1] else 'off'} "
+                       "on a GPU, off on CPU (--device auto picks at start)")
         else:
             offload = f"offload train {'on' if self.offload_train else 'off'}, rollout {'on' if self.offload_rollout else 'off'} on {self.device}"
         return (f"{self.train_ranks} training rank(s); {engines}; {self.bundles} placement bundle(s); "
@@ -116,4 +118,5 @@ def run_layout(cfg: Any, *, device: str | None = None) -> RunLayout:
         device=device,
         offload_train=(c.offload_train and device != "cpu") if decided else None,
         offload_rollout=(c.offload_rollout and device != "cpu") if decided else None,
+        wants_offload=(bool(c.offload_train), bool(c.offload_rollout)),
     )
