@@ -29,6 +29,6 @@ def test_import_contracts_are_kept():
 def test_contracts_name_every_layer_rule():
     text = (ROOT / ".importlinter").read_text()
     for contract in ("[importlinter:contract:config]", "[importlinter:contract:backends]", "[importlinter:contract:rollout]",
-                     "[importlinter:contract:algo]", "[importlinter:contract:acyclic]"):
+                     "[importlinter:contract:algo]", "[importlinter:contract:train]", "[importlinter:contract:acyclic]"):
         assert contract in text, contract
     assert "include_external_packages = True" in text  # so `ray` itself can be forbidden
