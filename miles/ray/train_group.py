@@ -99,7 +99,9 @@ class TrainWorker:
         return True
 
     def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
-        return self.backend.train_step(train_data, rollout_id=rollout_id)
+        from miles.train.step import train_rollout
+
+        return train_rollout(self.backend, train_data, rollout_id=rollout_id)
 
     def offload(self) -> None:
         """--offload-train: weights and optimizer state to host memory while the engine generates."""
