@@ -53,6 +53,25 @@ class RolloutConfig:
         None,
         help="Group filter `fn(args, group) -> FilterResult`, e.g. miles.rollout.filters.check_reward_nonzero_std.",
     )
+    custom_generate_function_path: str | None = option(
+        None,
+        help=(
+            "The function that makes the samples of one prompt sample, for training rollouts and eval: module.fn or "
+            "file.py:fn naming `async fn(input: GenerateInput) -> GenerateOutput` "
+            "(miles.rollout.generate_hub.types); unset = miles.rollout.generate_hub.single_turn.generate, one engine "
+            "request per sample."
+        ),
+        in_eval=True,
+    )
+    rollout_function_path: str | None = option(
+        None,
+        help=(
+            "Replace the whole training rollout (drawing prompts, generation, over-sampling, filters, aborts): module.fn "
+            "or file.py:fn naming `async fn(input: RolloutFnInput) -> RolloutFnOutput` "
+            "(miles.rollout.generate_hub.types), which returns --rollout-batch-size x --n-samples-per-prompt samples as "
+            "prompt groups; samples without a reward are scored by --rm-type / --custom-rm-path. Eval is unchanged."
+        ),
+    )
     update_weight_buffer_size: int = option(
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
