@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import Derived, option
+from miles.errors import UserError
 
 
 @dataclass
@@ -107,3 +108,20 @@ class RolloutConfig:
         512,
         help="Requests in flight per SGLang server (--rollout-backend sglang); the rollout manager holds the rest back in order.",
     )
+
+    def check(self, rollout_batch_size: int) -> None:
+        """Reject options the rollout function would silently ignore: it replaces the built-in rollout,
+        its over-sampling and its filter."""
+        if not self.rollout_function_path:
+            return
+        if self.dynamic_sampling_filter_path:
+            raise UserError(
+                "--dynamic-sampling-filter-path is not applied with --rollout-function-path (the rollout function replaces "
+                "the built-in rollout and its filter); filter inside the function or drop one of them.",
+                option="--dynamic-sampling-filter-path",
+            )
+        if self.over_sampling_batch_size != rollout_batch_size:
+            raise UserError(
+                "--over-sampling-batch-size is not used with --rollout-function-path (the function draws its own prompts); drop it.",
+                option="--over-sampling-batch-size",
+            )
