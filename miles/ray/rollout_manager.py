@@ -55,11 +55,6 @@ from miles.sample import Sample, SampleStatus
 from miles.utils.load_function import load_function
 
 
-# `--rollout-backend sglang` runs here: make_engine gives an EngineFleet of SGLang servers
-# (miles/rollout/sglang/server_actor.py); miles/rollout/sglang/preflight.py checks this flag.
-DRIVES_SGLANG = True
-
-
 def _as_fresh(s: Sample) -> Sample:
     """A sample given back to the data source: its prompt (and prompt token ids) and numbering, no response."""
     return dataclasses.replace(
