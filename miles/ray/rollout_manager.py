@@ -210,6 +210,10 @@ class RolloutManager:
                 kept.append((order, samples))
         if pending:  # enough groups: stop the rest now (upstream aborts; the groups go back to the buffer)
             await self.client.abort(prefix)
+            if self.cfg.rollout.custom_agent_function_path:  # the agent's own cleanup (its `abort` hook)
+                from miles.rollout.generate_hub.agentic_tool_call import call_abort_hook
+
+                await call_abort_hook(self.cfg.rollout.custom_agent_function_path, self.cfg)
             await asyncio.wait(pending, timeout=60)
             for task in pending:
                 if task.done() and not task.cancelled():
