@@ -11,7 +11,12 @@ fan out to every engine directly (the router forwards only `/generate`).
 Health and fault tolerance. A monitor thread calls every serving engine's `/health_generate` every
 `--rollout-health-check-interval` seconds (after `--rollout-health-check-first-wait`), with
 `--rollout-health-check-timeout`; it stands down during weight updates, when engines are paused on
-purpose. An engine that fails the probe (or whose process is gone):
+purpose, and while any engine memory is released (`release_memory_occupation` by tag; a probe would
+generate on freed memory), until every released tag is resumed. Before a release the fleet drains:
+it aborts every request and repeats the abort until every engine reports no running or waiting
+request (`/v1/loads`), because requests still on their way through the router arrive after the
+first abort, and SGLang refuses a release while it is not idle. An engine that fails the probe (or
+whose process is gone):
 
 - with `--use-fault-tolerance`: is removed from the router, killed, and restarted (a new actor in
   the same placement bundle, a new port). The new engine does not serve until it has the current
@@ -26,7 +31,7 @@ purpose. An engine that fails the probe (or whose process is gone):
 
     fleet = EngineFleet(hf_dir, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
     fleet.submit(GenerateRequest([1, 2, 3])).result()
-    fleet.weight_targets()   # engine URLs the trainer's source rank pushes weights to
+    fleet.weight_targets()   # (index, URL) of the engines the trainer pushes weights to
 
 `max_in_flight` (--sglang-server-concurrency × engines for SGLang) caps the requests sent at once;
 the rest wait in the fleet, in submission order.
@@ -56,6 +61,10 @@ REQUEUE_DELAY_S = 0.5
 REQUEUE_DEADLINE_S = 600.0
 # How long the probe of the engines after a failed request waits for each engine's /health.
 PROBE_TIMEOUT_S = 10.0
+# Before a memory release: abort, then look at the engines' load again after this pause, until idle
+# or the deadline.
+DRAIN_POLL_S = 0.5
+DRAIN_TIMEOUT_S = 120.0
 
 
 class EngineServerActor:
@@ -133,6 +142,7 @@ class EngineFleet(RolloutEngine):
         self.fatal: str | None = None
         self._lock = threading.RLock()
         self._updating = False
+        self.released: set[str] = set()  # memory tags released on every engine; the monitor waits while any is
         self._restarting: dict[int, threading.Thread] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * num_engines))
         self._pending: set[Future] = set()
@@ -257,17 +267,21 @@ class EngineFleet(RolloutEngine):
         if self._stop.wait(ft.rollout_health_check_first_wait):
             return
         while not self._stop.wait(ft.rollout_health_check_interval):
-            if self._updating:
-                continue  # engines are paused on purpose; /health_generate cannot answer then
+            if self._standing_down():
+                continue
             for slot in self._serving():
-                if self._updating or self._stop.is_set():
+                if self._standing_down() or self._stop.is_set():
                     break
                 try:
                     slot.client.health_generate(timeout=ft.rollout_health_check_timeout)
                 except Exception as e:  # noqa: BLE001
-                    if self._updating:
+                    if self._standing_down():
                         break
                     self._engine_failed(slot, str(e))
+
+    def _standing_down(self) -> bool:
+        """Paused on purpose (a weight update) or memory released: /health_generate must not run then."""
+        return self._updating or bool(self.released)
 
     # ------------------------------------------------------------------ generation
     def _acquire(self, request: GenerateRequest, start) -> None:
@@ -393,11 +407,50 @@ class EngineFleet(RolloutEngine):
     def flush_cache(self) -> None:
         self._each("flush_cache")
 
-    def release_memory_occupation(self) -> None:
-        self._each("release_memory_occupation")
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Abort every request, again and again, until every serving engine reports no load."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.abort_request(abort_all=True)
+            loads = {}
+            for slot in self._serving():
+                try:
+                    loads[slot.url] = slot.client.load(timeout=PROBE_TIMEOUT_S)
+                except EngineHTTPError as e:
+                    self._engine_failed(slot, str(e))
+            if self.fatal:
+                raise RunStopped(self.fatal)
+            busy = {u: n for u, n in loads.items() if n}
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"timed out after {timeout_s:.0f} s waiting for the rollout engines to finish their requests before "
+                    f"releasing memory (still running or waiting: {busy})"
+                )
+            time.sleep(DRAIN_POLL_S)
 
-    def resume_memory_occupation(self) -> None:
-        self._each("resume_memory_occupation")
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Drain, then release `tags` (None: all) on every engine; the monitor stands down until resumed."""
+        from miles.rollout.engine.base import memory_tags
+
+        tags = [t for t in memory_tags(tags) if t not in self.released]
+        if not tags:
+            return
+        self.drain()
+        self.released.update(tags)  # before the call: a probe must not reach an engine mid-release
+        self._each("release_memory_occupation", tags)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Resume the released ones of `tags` (None: all; SGLang fails on a tag not released); the monitor
+        probes again once nothing is released."""
+        from miles.rollout.engine.base import memory_tags
+
+        tags = [t for t in memory_tags(tags) if t in self.released]
+        if not tags:
+            return
+        self._each("resume_memory_occupation", tags)
+        self.released.difference_update(tags)
 
     # ------------------------------------------------------------------ weights
     def _in_session(self) -> list[_Slot]:
@@ -405,10 +458,10 @@ class EngineFleet(RolloutEngine):
         restarted meanwhile has a new URL and is not one of them."""
         return [s for s, url in self._session if s.url == url and s.state in ("serving", "new")]
 
-    def weight_targets(self) -> list[str]:
-        """URLs of the engines the update in progress goes to: the serving ones and the restarted ones
-        (state "new") that were ready when it began."""
-        return [s.url for s in self._in_session()]
+    def weight_targets(self) -> list[tuple[int, str]]:
+        """(index, URL) of the engines the update in progress goes to: the serving ones and the
+        restarted ones (state "new") that were ready when it began. The index places the engine's GPUs."""
+        return [(s.index, s.url) for s in self._in_session()]
 
     def begin_weight_update(self) -> None:
         """Upstream's order: (restarted engines ready) → pause → flush → begin, on every engine.
