@@ -65,6 +65,7 @@ from miles.rollout.engine.base import (
     GenerateResponse,
     RolloutEngine,
     SamplingParams,
+    memory_tags,
     weights_checksum,
 )
 from miles.rollout.engine.decoder import Decoder, unsupported_reason

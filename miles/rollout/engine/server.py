@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -58,6 +59,8 @@ from miles.rollout.engine.base import GenerateRequest, GenerateResponse, Samplin
 from miles.rollout.engine.builtin import BuiltinEngine
 from miles.rollout.engine.weight_transport import WeightReceiver
 
+# Control calls kept for /server_info (the latest ones).
+CONTROL_LOG_LEN = 1000
 # How long /health_generate waits for its 1-token generation (SGLang: SGLANG_HEALTH_CHECK_TIMEOUT).
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
@@ -108,9 +111,9 @@ class EngineServer:
         self.tp_size = tp_size
         self.receiver = WeightReceiver(engine, tp_size=tp_size)
         self.released: set[str] = set()  # memory tags released, as SGLang tracks them
-        # Control calls in arrival order ("/path" or "/path tag,tag"), shown by /server_info: the order
-        # a weight sync and a colocated offload reach the engine.
-        self.control_log: list[str] = []
+        # Control calls and health probes in arrival order ("/path" or "/path tag,tag"), shown by
+        # /server_info: the order a weight sync and a colocated offload reach the engine.
+        self.control_log: collections.deque[str] = collections.deque(maxlen=CONTROL_LOG_LEN)
         self._pending_version: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -236,6 +239,7 @@ class EngineServer:
         return self._json({"status": "ok" if ok else "unhealthy"}, 200 if ok else 503)
 
     async def _health_generate(self, request):
+        self.control_log.append("/health_generate")
         if self.engine._paused or self.engine._updating:
             return self._fail("paused", 503)
         req = GenerateRequest([0], SamplingParams(temperature=0, max_new_tokens=1), rid=f"HEALTH_CHECK_{time.time_ns()}")
