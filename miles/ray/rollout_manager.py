@@ -1,6 +1,6 @@
 """The rollout manager: prompts → engines → rewards → train data, and eval, behind one object.
 
-It owns the rollout engine (made by `miles.rollout.engine.factory.make_engine` from --rollout-backend:
+It owns the rollout engine (made by `miles.ray.engine_factory.make_engine` from --rollout-backend:
 the built-in engine in-process, or a fleet of engine servers behind sglang-router with
 --rollout-num-gpus), the prompt data source, the eval datasets and the reward settings. The driver
 runs it as one Ray actor and talks to it only through the methods below; it can also be used
@@ -35,21 +35,16 @@ import torch
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
+from miles.ray.engine_factory import make_engine
 from miles.ray.weight_sync import InProcessTargets
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import GenerateRequest, GenerateResponse, SamplingParams
-from miles.rollout.engine.factory import make_engine
+from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.rm_hub import compute_group_rewards
-from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
 from miles.utils.load_function import load_function
-
-
-# `--rollout-backend sglang` runs here: make_engine gives an EngineFleet of SGLang servers
-# (miles/rollout/sglang/server_actor.py); miles/rollout/sglang/preflight.py checks this flag.
-DRIVES_SGLANG = True
 
 
 def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "train") -> int:

@@ -29,10 +29,10 @@ def _probes(fleet) -> list[int]:
 
 def test_the_monitor_never_probes_a_released_engine(model, tmp_path, ray_session):
     from miles.config.fault_tolerance import FaultToleranceConfig
-    from miles.rollout.engine.fleet import EngineFleet
+    from miles.ray.engine_factory import builtin_fleet
 
     ft = FaultToleranceConfig(rollout_health_check_first_wait=0, rollout_health_check_interval=1.0, rollout_health_check_timeout=10)
-    fleet = EngineFleet(str(model), num_engines=2, policy="round_robin", ft=ft, log_dir=tmp_path)
+    fleet = builtin_fleet(str(model), num_engines=2, policy="round_robin", ft=ft, log_dir=tmp_path)
     try:
         deadline = time.monotonic() + 60
         while min(_probes(fleet)) < 1:  # the monitor runs
@@ -63,10 +63,10 @@ def test_a_release_waits_for_a_request_that_arrives_after_the_first_abort(model,
     from miles.config.fault_tolerance import FaultToleranceConfig
     from miles.rollout.engine import fleet as fleet_mod
     from miles.rollout.engine.base import GenerateRequest, SamplingParams
-    from miles.rollout.engine.fleet import EngineFleet
+    from miles.ray.engine_factory import builtin_fleet
 
     ft = FaultToleranceConfig(rollout_health_check_first_wait=3600)
-    fleet = EngineFleet(str(model), num_engines=2, policy="round_robin", ft=ft, max_batch_size=1, log_dir=tmp_path)
+    fleet = builtin_fleet(str(model), num_engines=2, policy="round_robin", ft=ft, max_batch_size=1, log_dir=tmp_path)
     try:
         late = []
         aborts = []
@@ -96,10 +96,10 @@ def test_a_release_waits_for_a_request_that_arrives_after_the_first_abort(model,
 
 def test_a_drain_that_never_ends_says_what_it_waited_for(model, tmp_path, ray_session, monkeypatch):
     from miles.config.fault_tolerance import FaultToleranceConfig
-    from miles.rollout.engine.fleet import EngineFleet
+    from miles.ray.engine_factory import builtin_fleet
     from miles.rollout.engine.http_client import HttpEngine
 
-    fleet = EngineFleet(str(model), num_engines=1, policy="round_robin", ft=FaultToleranceConfig(rollout_health_check_first_wait=3600), log_dir=tmp_path)
+    fleet = builtin_fleet(str(model), num_engines=1, policy="round_robin", ft=FaultToleranceConfig(rollout_health_check_first_wait=3600), log_dir=tmp_path)
     try:
         monkeypatch.setattr(HttpEngine, "load", lambda self, timeout=None: 3)
         with pytest.raises(TimeoutError, match=r"timed out after 1 s waiting for the rollout engines to finish their requests before releasing memory \(still running or waiting: \{'http://127\.0\.0\.1:\d+': 3\}\)"):

@@ -99,9 +99,9 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
     """GPUs: 2 engines of 16 GPUs on nodes of 8. Node r of engine e runs on bundle e*16 + 8r and sees
     the GPU ids of bundles e*16 + 8r ... + 7 (what Ray reported for them), node 0 likewise."""
     import miles.rollout.engine.fleet as fleet_module
-    import miles.rollout.sglang.server_actor as server_actor
+    import miles.ray.sglang_server_actor as server_actor
     from miles.ray.driver import _engine_actor_options
-    from miles.rollout.engine.factory import make_engine
+    from miles.ray.engine_factory import make_engine
 
     cfg = _config(
         "/models/m", tmp_path, actor_num_gpus_per_node=8, rollout_num_gpus=32, rollout_num_gpus_per_engine=16, device="cuda",
@@ -126,7 +126,7 @@ def test_an_engine_on_two_nodes_starts_serves_restarts_and_stops_as_one(cluster,
     import ray
 
     from miles.ray.driver import _engine_actor_options
-    from miles.rollout.engine.factory import make_engine
+    from miles.ray.engine_factory import make_engine
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)
     record = tmp_path / "record"
@@ -182,7 +182,7 @@ def test_a_node_that_exits_at_start_fails_the_engine_naming_that_node(cluster, t
     import ray
 
     from miles.ray.driver import _engine_actor_options
-    from miles.rollout.sglang.server_actor import SGLangServerActor
+    from miles.ray.sglang_server_actor import SGLangServerActor
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)
     record = tmp_path / "record"

@@ -26,7 +26,7 @@ from miles.rollout.engine.base import GenerateRequest, SamplingParams
 from miles.rollout.engine.fleet import EngineFleet
 from miles.rollout.sglang.launch import EngineSlot, server_argv
 from miles.rollout.sglang.preflight import check_can_launch
-from miles.rollout.sglang.server_actor import SGLangServerActor
+from miles.ray.sglang_server_actor import SGLangServerActor
 
 BUILTIN = f"{sys.executable} -m miles.rollout.engine.server"
 
