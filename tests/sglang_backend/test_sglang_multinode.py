@@ -113,9 +113,9 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
     assert [b["bundle"] for b in options[1]["gpu_bundles"]] == list(range(16, 32))
     monkeypatch.setattr(server_actor, "gpu_ids_of_bundles", lambda bundles: [f"g{b['bundle']}" for b in bundles])
     made = {}
-    monkeypatch.setattr(fleet_module, "EngineFleet", lambda *a, **k: made.update(k))
+    monkeypatch.setattr(fleet_module, "EngineFleet", lambda launcher, **k: made.update(k, launcher=launcher))
     make_engine(cfg, device="cuda", actor_options=options, log_dir=tmp_path)
-    cls, _, kwargs = made["make_actor"](1, 7)
+    cls, _, kwargs = made["launcher"].make_actor(1, 7)
     assert cls is server_actor.SGLangServerActor
     assert kwargs["gpu_ids"] == [f"g{b}" for b in range(16, 24)]
     assert kwargs["nodes"] == [{"actor_options": {"num_cpus": 0.5, "num_gpus": 1.0, "bundle": 24}, "gpu_ids": [f"g{b}" for b in range(24, 32)]}]
