@@ -1,6 +1,6 @@
 """The rollout manager: prompts → engines → rewards → train data, and eval, behind one object.
 
-It owns the rollout engine (made by `miles.rollout.engine.factory.make_engine` from --rollout-backend:
+It owns the rollout engine (made by `miles.ray.engine_factory.make_engine` from --rollout-backend:
 the built-in engine in-process, or a fleet of engine servers behind sglang-router with
 --rollout-num-gpus), the prompt data source, the eval datasets and the reward settings. The driver
 runs it as one Ray actor and talks to it only through the methods below; it can also be used
@@ -35,9 +35,11 @@ import torch
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
+from miles.ray.engine_factory import make_engine
+from miles.ray.weight_sync import InProcessTargets
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import SamplingParams
-from miles.rollout.engine.factory import make_engine
+from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.generate_hub import (
     EngineClient,
@@ -362,23 +364,25 @@ class RolloutManager:
         return metrics
 
     # ------------------------------------------------------------------ weights
-    def begin_weight_update(self) -> dict[str, Any]:
+    def begin_weight_update(self) -> WeightTargets:
         """Pause (in-flight requests abort), flush, open the update session on every engine; returns
-        where the trainer's source rank sends the weights (miles/ray/weight_sync.py)."""
+        where the trainer sends the weights (typed targets, miles/ray/weight_sync.py)."""
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            return {"mode": "in_process"}
+            return InProcessTargets()
         self.engine.begin_weight_update()
         r = self.cfg.rollout
-        urls = self.engine.weight_targets()
-        return {
-            "mode": r.update_weight_transfer_mode,
-            "urls": urls,
-            "tp_sizes": [engine_tp_size(self.cfg)] * len(urls),
-            "disk_dir": str(Path(self.log_dir or ".") / "weight_sync"),
-            "hf_checkpoint": r.hf_checkpoint,
-        }
+        tp = engine_tp_size(self.cfg)
+        # Colocated on GPUs, engine i's TP rank t shares bundle i·tp + t, and so the GPU, with training rank i·tp + t.
+        colocated = self.cfg.cluster.colocate and pick_device(self.cfg.cluster.device) == "cuda"
+        engines = tuple(
+            EngineTarget(url, tp, tuple(range(i * tp, (i + 1) * tp)) if colocated else ())
+            for i, url in self.engine.weight_targets()
+        )
+        return transport_targets(
+            r.update_weight_transfer_mode, engines, disk_dir=str(Path(self.log_dir or ".") / "weight_sync"), hf_checkpoint=r.hf_checkpoint
+        )
 
     def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights_from_tensors(bucket)
@@ -395,12 +399,17 @@ class RolloutManager:
             self.load_weight_bucket(bucket)
         self.end_weight_update(version)
 
-    def offload(self) -> None:
-        """--offload-rollout: engine weights to host memory while the actors train (no-op on CPU)."""
-        self.engine.release_memory_occupation()
+    def offload(self, tags: list[str] | None = None) -> None:
+        """--offload-rollout: release the engines' memory of `tags` (None: weights, KV cache and CUDA
+        graphs) while the trainer runs; engine servers are drained first and their health monitor
+        stands down until everything is resumed. No-op on CPU for the built-in engine."""
+        self.engine.release_memory_occupation(tags)
 
-    def onload(self) -> None:
-        self.engine.resume_memory_occupation()
+    def onload(self, tags: list[str] | None = None) -> None:
+        """Take the memory of `tags` back (None: all). Colocated, the order is onload(["weights"]),
+        the weight sync, then onload(["kv_cache", "cuda_graph"]): the KV cache is not allocated while
+        the weights arrive."""
+        self.engine.resume_memory_occupation(tags)
 
     def weights_checksum(self) -> str:
         return self.engine.get_weights_checksum()

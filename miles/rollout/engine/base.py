@@ -290,12 +290,12 @@ class RolloutEngine(abc.ABC):
         """Drop any cached KV / prefix state (stale after a weight update)."""
 
     @abc.abstractmethod
-    def release_memory_occupation(self) -> None:
-        """Free device memory (weights, KV) while a colocated trainer runs."""
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free device memory while a colocated trainer runs: the `tags` of MEMORY_TAGS (None: all)."""
 
     @abc.abstractmethod
-    def resume_memory_occupation(self) -> None:
-        """Take the device memory back; weights are pushed again before generating."""
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Take the device memory of `tags` back (None: all); weights are pushed again before generating."""
 
     @abc.abstractmethod
     def health(self) -> dict[str, Any]:
@@ -304,3 +304,17 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def get_weights_checksum(self) -> str:
         """`weights_checksum` of the engine's parameters in HF naming (for `--check-weight-update-equal`)."""
+
+
+# SGLang's memory tags (`sglang/srt/constants.py`): what `release/resume_memory_occupation` act on.
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def memory_tags(tags: list[str] | None) -> list[str]:
+    """The tags a release/resume acts on (None or empty: all), checked against MEMORY_TAGS."""
+    if not tags:
+        return list(MEMORY_TAGS)
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ValueError(f"unknown memory tag {unknown[0]!r} (one of {', '.join(MEMORY_TAGS)})")
+    return list(tags)
