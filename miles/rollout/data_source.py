@@ -159,7 +159,9 @@ class PromptDataset(Sequence[Sample]):
                 )
             prompt = row[input_key]
             metadata = self._metadata(row.get(metadata_key), where, metadata_key)
-            tools = row.get(tool_key) or default_tools
+            tools = row.get(tool_key)
+            if tools is None:
+                tools = default_tools
             text = self._render(prompt, tools, where, tokenizer, apply_chat_template, template_kwargs)
             tokens: list[int] = []
             if tokenizer is not None:

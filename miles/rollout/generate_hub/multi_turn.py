@@ -20,6 +20,8 @@ read their answers). `metadata` gets `num_turns`, `tool_call_count` and `tool_er
 the rollout logs rollout/num_turns, rollout/tool_call_rate and rollout/tool_error_rate.
 
 Turn t > 0 samples with its own seed derived from the sample's, so a rerun regenerates every turn.
+Fault tolerance: when an engine server dies mid-turn, the fleet sends that turn's request (same ids,
+same seed) again to a live engine, so the trajectory resumes from its last complete turn.
 """
 
 from __future__ import annotations
