@@ -1,0 +1,73 @@
+"""The torch critic: the policy's decoder with a scalar value head, and its per-response-token values.
+
+PPO's critic (`--advantage-estimator ppo`) is the policy's architecture with the LM head replaced by
+`Linear(hidden, 1)` (weight N(0, 0.02), bias 0, as upstream's megatron critic): the decoder is loaded
+from `--critic-load` (default: the policy's `--hf-checkpoint`) as a bare `AutoModel`, so no LM head
+is loaded or trained. The value of response token t is read at the position just before it, the
+alignment of the log-probs (`miles.backends.torch.forward`), so V_t is the value of the state the
+policy sampled token t in. No temperature applies to a value.
+
+`ValueModel.forward` takes the same keyword arguments as `ResponseLogits.forward`
+(`forward.layout_inputs`), so both layouts (packed, padded) and DDP/FSDP wrap it unchanged.
+
+Use: `values = response_values(ValueModel.from_pretrained(hf_dir, device), batch)`  # [R] float32
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miles.backends.base import PackedBatch
+from miles.backends.torch.forward import choose_layout, layout_inputs
+
+VALUE_HEAD_INIT_STD = 0.02
+
+
+class ValueModel(torch.nn.Module):
+    """`lm`: a HF decoder without LM head (its `.config` is the policy's); `value_head`: hidden -> 1."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1, bias=True, dtype=torch.float32)
+        torch.nn.init.normal_(self.value_head.weight, std=VALUE_HEAD_INIT_STD)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_pretrained(cls, hf_dir: str, device: str) -> "ValueModel":
+        import logging
+
+        from transformers import AutoModel
+
+        # The policy's checkpoint holds an LM head the bare decoder does not load, by design; its
+        # load report would call that UNEXPECTED on every start.
+        log = logging.getLogger("transformers.modeling_utils")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            # fp32 and eager attention, as the policy trainer loads its model (same numbers everywhere).
+            lm = AutoModel.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+        finally:
+            log.setLevel(level)
+        return cls(lm).to(device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.value_head(hidden[rows, cols].float()).squeeze(-1)
+
+
+def response_values(net: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Values [R] of the batch's response tokens (float32); gradients flow unless the caller disables them.
+
+    `net` is a `ValueModel` or a DDP/FSDP wrapper of one; the layout is chosen as for log-probs.
+    """
+    inner = getattr(net, "module", net)
+    layout = choose_layout((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist(), inner.lm.config.hidden_size)
+    return net(**layout_inputs(batch, layout))
