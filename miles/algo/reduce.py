@@ -94,10 +94,12 @@ def explained_variance_terms(values: torch.Tensor, returns: torch.Tensor, mask: 
 def explained_variance_from_terms(terms: torch.Tensor) -> dict[str, float]:
     """`critic/value_mean` and `critic/explained_variance` = 1 - Var(R - V) / Var(R) (population
     variances over the trained tokens); 1 is a perfect critic, 0 no better than the mean return,
-    negative worse. With no trained token both are 0; with constant returns, 1 - Var(R - V) / eps."""
+    negative worse. With no trained token both are 0; with constant returns (every reward equal)
+    the ratio is undefined and explained variance is reported as 0."""
     n, sv, sr, srr, sd, sdd = (float(t) for t in terms)
     if n == 0:
         return {"critic/value_mean": 0.0, "critic/explained_variance": 0.0}
     var_r = max(srr / n - (sr / n) ** 2, 0.0)
     var_d = max(sdd / n - (sd / n) ** 2, 0.0)
-    return {"critic/value_mean": sv / n, "critic/explained_variance": 1.0 - var_d / max(var_r, 1e-8)}
+    explained = 0.0 if var_r < 1e-12 else 1.0 - var_d / var_r
+    return {"critic/value_mean": sv / n, "critic/explained_variance": explained}

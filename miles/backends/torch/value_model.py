@@ -23,6 +23,11 @@ from miles.backends.torch.forward import choose_layout, layout_inputs
 VALUE_HEAD_INIT_STD = 0.02
 
 
+class _DropLoadReport:
+    def filter(self, record) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
 class ValueModel(torch.nn.Module):
     """`lm`: a HF decoder without LM head (its `.config` is the policy's); `value_head`: hidden -> 1."""
 
@@ -41,14 +46,15 @@ class ValueModel(torch.nn.Module):
 
         # The policy's checkpoint holds an LM head the bare decoder does not load, by design; its
         # load report would call that UNEXPECTED on every start.
+        # (A filter, not a raised level: transformers runs more checks when its logger's level is set.)
         log = logging.getLogger("transformers.modeling_utils")
-        level = log.level
-        log.setLevel(logging.ERROR)
+        drop = _DropLoadReport()
+        log.addFilter(drop)
         try:
             # fp32 and eager attention, as the policy trainer loads its model (same numbers everywhere).
             lm = AutoModel.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
         finally:
-            log.setLevel(level)
+            log.removeFilter(drop)
         return cls(lm).to(device)
 
     def forward(
