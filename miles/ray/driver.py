@@ -178,9 +178,13 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         from miles.ray.train_group import TrainWorker
 
         device = pick_device(cfg.cluster.device)
+        ppo = cfg.algo.advantage_estimator == "ppo"
+        # PPO's critic shares each actor rank's device (upstream's layout): the two split its share.
         options: dict[str, Any] = {"num_cpus": share}
+        train_options: dict[str, Any] = {"num_cpus": share / 2 if ppo else share}
         if device == "cuda":
             options["num_gpus"] = share
+            train_options["num_gpus"] = share / 2 if ppo else share
             needed = world * share + share
             visible = torch_device_count()
             if not cfg.cluster.ray_address and visible < needed:  # a cluster's GPUs are Ray's to count
@@ -199,27 +203,30 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             manager = remote_object(RolloutManager, cfg, actor_options={**options, **bundle_of("rollout")})
         d = cfg.data
 
-        def start_workers() -> list:
+        def start_workers(role: str = "actor") -> list:
             workers = [
-                remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, actor_options={**options, **bundle_of(r)})
+                remote_object(TrainWorker, cfg, rank=r, world_size=world, device=device, role=role,
+                              actor_options={**train_options, **bundle_of(r)})
                 for r in range(world)
             ]
-            wait([w.ready_ref for w in workers], "the training workers to start", ACTOR_START_TIMEOUT_S)
+            wait([w.ready_ref for w in workers], f"the {role} training workers to start", ACTOR_START_TIMEOUT_S)
             # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
-            master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
-            wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+            master = wait(workers[0].rendezvous_address.remote(), f"{role} training rank 0 to pick the rendezvous address")
+            wait([w.start.remote(*master) for w in workers], f"the {role} training workers to join and load the model", ACTOR_START_TIMEOUT_S)
             return workers
 
         # The trainers need nothing from the manager unless --num-epoch leaves the step count to the
         # dataset's size; otherwise they start and load the model while the manager loads the engine
         # and the datasets (side by side, instead of one after the other).
         workers = start_workers() if d.num_rollout is not None else []
+        critics = start_workers("critic") if ppo and d.num_rollout is not None else []
         wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         if d.num_rollout is None:  # --num-epoch: the dataset size decides the number of steps
             num_prompts = wait(manager.num_prompts.remote(), "the rollout manager")
             d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
             fill_derived(cfg)  # options derived from --num-rollout (the LR decay length)
             workers = start_workers()
+            critics = start_workers("critic") if ppo else []
 
         start, resumed_from = 0, None
         if cfg.ckpt.load:
@@ -228,6 +235,14 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 rollout_id, ckpt_dir, extra = found
                 # Every rank reads its own shard; the trainer state never passes through the driver.
                 wait([w.load_checkpoint.remote(str(ckpt_dir)) for w in workers], f"the training workers to load {ckpt_dir}")
+                if critics:  # committed with the actor's shards by the same tracker (see _save)
+                    if not (Path(ckpt_dir) / CRITIC_DIR).is_dir():
+                        raise UserError(
+                            f"--load {cfg.ckpt.load}: the checkpoint of rollout {rollout_id} has no PPO critic ({CRITIC_DIR}/), "
+                            "so --advantage-estimator ppo cannot resume from it; resume it with the estimator it was trained with.",
+                            option="--load",
+                        )
+                    wait([w.load_checkpoint.remote(str(Path(ckpt_dir) / CRITIC_DIR)) for w in critics], f"the critic to load {Path(ckpt_dir) / CRITIC_DIR}")
                 wait(manager.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
                 start, resumed_from = rollout_id + 1, rollout_id
                 get_console().print(f"Resumed from rollout {rollout_id} ({cfg.ckpt.load}); continuing at rollout {start}.")
@@ -247,7 +262,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         try:
             _update_weights(cfg, workers, manager, version=start)
             if c.offload_train:
-                _each(workers, "offload", "the trainer to move to host memory")
+                _each(workers + critics, "offload", "the trainer to move to host memory")
             if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
                 first_eval = wait(manager.eval.remote(0), "eval before training")
                 tracker.log({**first_eval, "eval/step": 0}, step=0)
@@ -269,15 +284,26 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                         t1 = time.perf_counter()
                         if c.offload_rollout:
                             wait(manager.offload.remote(), "the rollout engine to move to host memory")
-                        if c.offload_train:
-                            _each(workers, "onload", "the trainer to move back to the device")
-                        results = wait([w.train.remote(data_ref, rollout_id) for w in workers], f"training on rollout {rollout_id}")
-                        metrics.update(results[0])
+                        critic_refs: list = [None] * world
+                        if critics:  # PPO: the critic first; its values go to the actor rank of the same index by reference
+                            if c.offload_train:
+                                _each(critics, "onload", "the critic to move back to the device")
+                            critic_refs = [w.train_critic.remote(data_ref, rollout_id) for w in critics]
+                            metrics.update(wait(critic_refs[0], f"the critic's training on rollout {rollout_id}")["metrics"])
+                            wait(critic_refs, f"the critic's training on rollout {rollout_id}")
+                            if c.offload_train:
+                                _each(critics, "offload", "the critic to move to host memory")
+                        if rollout_id >= cfg.critic.num_critic_only_steps or not critics:
+                            if c.offload_train:
+                                _each(workers, "onload", "the trainer to move back to the device")
+                            results = wait([w.train.remote(data_ref, rollout_id, ref) for w, ref in zip(workers, critic_refs)],
+                                           f"training on rollout {rollout_id}")
+                            metrics.update(results[0])
                         metrics["perf/train_time"] = time.perf_counter() - t1
                     # Logged before the checkpoint: a run killed after its save has no unlogged training step.
                     tracker.log(metrics, step=step)
                     if cfg.ckpt.save and (step == d.num_rollout or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
-                        _save(cfg, workers, manager, rollout_id)
+                        _save(cfg, workers, manager, rollout_id, critics)
                     after: dict[str, float] = {}
                     if not cfg.debug.debug_rollout_only:
                         if c.offload_rollout:
@@ -456,14 +482,22 @@ def _update_weights(cfg: EngineConfig, workers, manager, *, version: int) -> tup
     return time.perf_counter() - t0, dict(sent or {})
 
 
-def _save(cfg: EngineConfig, workers, manager, rollout_id: int) -> None:
+CRITIC_DIR = "critic"
+"""The PPO critic's shards inside each checkpoint directory (committed with the actor's)."""
+
+
+def _save(cfg: EngineConfig, workers, manager, rollout_id: int, critics=()) -> None:
     """Every training rank writes its own shard into a temporary directory; the driver adds its own
-    data and commits (rename + tracker) only after every rank returned."""
+    data and commits (rename + tracker) only after every rank returned. The critic's ranks write
+    into its `critic/` subdirectory of the same temporary directory, so one commit holds both."""
     from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint
 
     manager_state = wait(manager.state_dict.remote(), "the data position")
     tmp = begin_checkpoint(cfg.ckpt.save, rollout_id)
     wait([w.save_checkpoint.remote(str(tmp)) for w in workers], f"the training workers to write their checkpoint shards into {tmp}")
+    if critics:
+        (tmp / CRITIC_DIR).mkdir()
+        wait([w.save_checkpoint.remote(str(tmp / CRITIC_DIR)) for w in critics], f"the critic to write its checkpoint shards into {tmp / CRITIC_DIR}")
     commit_checkpoint(
         cfg.ckpt.save,
         rollout_id,

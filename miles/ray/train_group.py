@@ -54,12 +54,12 @@ def node_ip_address() -> str:
     return "127.0.0.1"
 
 
-def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) -> "TrainerBackend":
-    """The `TrainerBackend` that `--train-backend` names, for one rank."""
+def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, role: str = "actor") -> "TrainerBackend":
+    """The `TrainerBackend` that `--train-backend` names, for one rank (of the actor or the PPO critic)."""
     if cfg.train.train_backend in ("torch", "fsdp"):  # one trainer; fsdp shards it (TorchBackend.fsdp)
         from miles.backends.torch import TorchBackend
 
-        return TorchBackend(cfg, rank=rank, world_size=world_size, device=device)
+        return TorchBackend(cfg, rank=rank, world_size=world_size, device=device, role=role)
     if cfg.train.train_backend == "megatron":
         try:
             from miles.backends.megatron import MegatronTrainer
@@ -68,15 +68,17 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) 
                 f"--train-backend megatron: the megatron backend cannot be imported ({e}); use --train-backend torch.",
                 option="--train-backend",
             ) from None
+        if role != "actor":  # CriticConfig.check refuses this configuration before anything starts
+            raise UserError("the megatron backend has no PPO critic yet; use --train-backend torch.", option="--train-backend")
         return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
     raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, fsdp, megatron.", option="--train-backend")
 
 
 class TrainWorker:
-    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1):
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1, role: str = "actor"):
         torch.set_num_threads(threads)
         self.cfg = cfg
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rank, self.world_size, self.device, self.role = rank, world_size, device, role
         self.backend: TrainerBackend | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -98,13 +100,21 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=datetime.timedelta(minutes=RENDEZVOUS_TIMEOUT_MIN),
             )
-        self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device)
+        self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device, role=self.role)
         return True
 
-    def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
+    def train(self, train_data: dict[str, Any], rollout_id: int, critic: dict[str, Any] | None = None) -> dict[str, float]:
+        """The policy's step; `critic`: what the critic rank of the same index returned (ppo)."""
         from miles.train.step import train_rollout
 
-        return train_rollout(self.backend, train_data, rollout_id=rollout_id)
+        return train_rollout(self.backend, train_data, rollout_id=rollout_id, values=None if critic is None else critic["values"])
+
+    def train_critic(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, Any]:
+        """The critic's step: {"metrics": critic/*, "values": its pre-update values by sample index}."""
+        from miles.train.step import train_critic
+
+        metrics, values = train_critic(self.backend, train_data, rollout_id=rollout_id)
+        return {"metrics": metrics, "values": values}
 
     def offload(self) -> None:
         """--offload-train: weights and optimizer state to host memory while the engine generates."""
