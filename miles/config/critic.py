@@ -83,11 +83,6 @@ class CriticConfig:
         """After derived defaults: the critic's layout is the actor's, values in range."""
         if not _ppo(cfg):
             return
-        if cfg.train.train_backend == "megatron":
-            raise UserError(
-                "--advantage-estimator ppo: the megatron backend has no critic (value head) yet; use --train-backend torch or fsdp.",
-                option="--advantage-estimator",
-            )
         c = cfg.cluster
         for name, actor in (("critic_num_nodes", c.actor_num_nodes), ("critic_num_gpus_per_node", c.actor_num_gpus_per_node)):
             if getattr(self, name) != actor:

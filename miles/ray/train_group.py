@@ -68,9 +68,7 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, 
                 f"--train-backend megatron: the megatron backend cannot be imported ({e}); use --train-backend torch.",
                 option="--train-backend",
             ) from None
-        if role != "actor":  # CriticConfig.check refuses this configuration before anything starts
-            raise UserError("the megatron backend has no PPO critic yet; use --train-backend torch.", option="--train-backend")
-        return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
+        return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device, role=role)
     raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, fsdp, megatron.", option="--train-backend")
 
 
