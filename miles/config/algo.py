@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from miles.config.fields import Derived, option
-from miles.config.trainer_support import not_yet
 from miles.errors import UserError
 
 AdvantageEstimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
@@ -44,7 +43,7 @@ class AlgoConfig:
         "grpo",
         help="How rewards become per-token advantages: grpo and gspo (group-normalised reward), "
         "reinforce_plus_plus (discounted return), reinforce_plus_plus_baseline (group-centred reward), "
-        "ppo (GAE over the values of a critic trained beside the policy; the --critic-* options)." + not_yet("advantage_estimator"),
+        "ppo (GAE over the values of a critic trained beside the policy; the --critic-* options).",
     )
     eps_clip: float = option(0.2, help="PPO clip range below 1: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: float | None = option(

@@ -37,10 +37,6 @@ class Gap:
 ALL = ("torch", "fsdp", "megatron")
 
 GAPS: tuple[Gap, ...] = (
-    Gap("advantage_estimator", lambda v: v == "ppo", ("megatron",),
-        "the megatron backend builds no critic: its GPTModel has no scalar value head and no values() forward",
-        "a megatron critic (output_layer replaced by Linear(hidden, 1), values at the log-prob positions, its own "
-        "optimizer and checkpoint) behind TrainerBackend(role='critic')", "ppo"),
     Gap("bf16", bool, ALL,
         "both trainers train in fp32: the torch backend loads fp32 weights and megatron builds its optimizer with bf16=False",
         "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "

@@ -90,8 +90,6 @@ ROWS = [
     ("ppo-critic-save", "train", ["--advantage-estimator", "ppo", "--critic-save", "x", "--dry-run"], [], 2, "--critic-save"),
     ("ppo-critic-layout", "train", ["--advantage-estimator", "ppo", "--critic-num-gpus-per-node", "3", "--dry-run"], [], 2,
      "shares the actor's devices"),
-    ("ppo-on-megatron", "train", ["--advantage-estimator", "ppo", "--train-backend", "megatron"], [], 2,
-     "builds no critic"),
     ("megatron-sp-without-tp", "train", ["--train-backend", "megatron", "--sequence-parallel", "--dry-run"], [], 2,
      "--sequence-parallel"),
     ("fault-tolerance-unsupported", "train", ["--use-fault-tolerance", "--dry-run"], [], 2, "--use-fault-tolerance"),

@@ -75,7 +75,8 @@ class MegatronTrainer(TrainerBackend):
         module = mm.build_model(self.shape, self.opts)
         mm.load_weights(module, source, self.shape)
         if role == "critic":
-            mm.attach_value_head(module, self.shape)  # before DDP and the optimizer, which must see its parameters
+            # Before DDP and the optimizer, which must see its parameters.
+            mm.attach_value_head(module, self.shape, cfg.optimizer.seed)
         self.config = module.config
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=cfg.train.use_distributed_optimizer)

@@ -116,7 +116,7 @@ class TorchBackend(TrainerBackend):
         if role == "critic":
             from miles.backends.torch.value_model import ValueModel
 
-            self.model = ValueModel.from_pretrained(cfg.critic.critic_load, device)
+            self.model = ValueModel.from_pretrained(cfg.critic.critic_load, device, seed=cfg.optimizer.seed)
             self.net = self.model  # already takes the layout's inputs and returns [R] values
         else:
             self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)

@@ -1,7 +1,8 @@
 """The torch critic: the policy's decoder with a scalar value head, and its per-response-token values.
 
 PPO's critic (`--advantage-estimator ppo`) is the policy's architecture with the LM head replaced by
-`Linear(hidden, 1)` (weight N(0, 0.02), bias 0, as upstream's megatron critic): the decoder is loaded
+`Linear(hidden, 1)` (weight N(0, 0.02) drawn from its own generator seeded by `--seed`, so both
+backends and every parallel layout start from the same head; bias 0, as upstream's megatron critic): the decoder is loaded
 from `--critic-load` (default: the policy's `--hf-checkpoint`) as a bare `AutoModel`, so no LM head
 is loaded or trained. The value of response token t is read at the position just before it, the
 alignment of the log-probs (`miles.backends.torch.forward`), so V_t is the value of the state the
@@ -23,6 +24,15 @@ from miles.backends.torch.forward import choose_layout, layout_inputs
 VALUE_HEAD_INIT_STD = 0.02
 
 
+def init_value_head(head: torch.nn.Linear, seed: int) -> None:
+    """Weight N(0, 0.02) from a generator of its own seeded with `seed` (--seed), bias 0: the same head
+    on every rank, every parallel layout and both backends, whatever else drew from the global RNG."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * VALUE_HEAD_INIT_STD)
+        head.bias.zero_()
+
+
 class _DropLoadReport:
     def filter(self, record) -> bool:
         return "LOAD REPORT" not in record.getMessage()
@@ -31,15 +41,14 @@ class _DropLoadReport:
 class ValueModel(torch.nn.Module):
     """`lm`: a HF decoder without LM head (its `.config` is the policy's); `value_head`: hidden -> 1."""
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, seed: int = 0):
         super().__init__()
         self.lm = lm
         self.value_head = torch.nn.Linear(lm.config.hidden_size, 1, bias=True, dtype=torch.float32)
-        torch.nn.init.normal_(self.value_head.weight, std=VALUE_HEAD_INIT_STD)
-        torch.nn.init.zeros_(self.value_head.bias)
+        init_value_head(self.value_head, seed)
 
     @classmethod
-    def from_pretrained(cls, hf_dir: str, device: str) -> "ValueModel":
+    def from_pretrained(cls, hf_dir: str, device: str, seed: int = 0) -> "ValueModel":
         import logging
 
         from transformers import AutoModel
@@ -55,7 +64,7 @@ class ValueModel(torch.nn.Module):
             lm = AutoModel.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
         finally:
             log.removeFilter(drop)
-        return cls(lm).to(device)
+        return cls(lm, seed).to(device)
 
     def forward(
         self,
