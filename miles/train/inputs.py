@@ -40,7 +40,7 @@ def fill_policy_inputs(
     """Set old/ref log-probs, advantages and returns on `batches` (this rank's micro-batches of the
     rollout, in the order of `local`, their sample indices). `reuse_on_policy_log_probs=False` forces
     the separate no-grad forward even where the training forward's log-probs are the same numbers.
-    `values`: sample index -> the critic's values [R_i] (ppo)."""
+    `values`: sample index -> the critic's values [R_i] (ppo); None asks `backend.values`."""
     from miles.algo.advantages import NEEDS_VALUES
 
     algo = backend.cfg.algo
@@ -58,9 +58,10 @@ def fill_policy_inputs(
         for b, (lp, _) in zip(batches, backend.forward(batches, model="ref")):
             b.ref_log_probs = lp
     token_values = None
-    if algo.advantage_estimator in NEEDS_VALUES:
-        if values is None:
-            raise ValueError(f"--advantage-estimator {algo.advantage_estimator} needs the critic's values of this rollout")
+    if algo.advantage_estimator in NEEDS_VALUES and values is None:
+        # No critic group sent values: the backend must be able to give them itself (a critic does).
+        token_values = torch.cat(backend.values(batches))
+    elif algo.advantage_estimator in NEEDS_VALUES:
         missing = [i for i in local if i not in values]
         if missing:
             raise ValueError(f"the critic sent no values for samples {missing[:5]} of this rank")
