@@ -39,7 +39,7 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("data", DataConfig, "Data"),
     ("eval", EvalConfig, "Eval"),
     ("algo", AlgoConfig, "Algorithm"),
-    ("critic", CriticConfig, "Critic (PPO)"),
+    ("critic", CriticConfig, "PPO critic"),
     ("reward", RewardConfig, "Reward"),
     ("optimizer", OptimizerConfig, "Optimizer"),
     ("ckpt", CheckpointConfig, "Checkpoint"),
