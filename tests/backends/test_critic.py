@@ -54,6 +54,7 @@ def test_critic_learns_the_returns_and_its_gradient_never_reaches_the_actor(tiny
     after_actor = snapshot(actor.model)
     assert all(torch.equal(before_actor[k], after_actor[k]) for k in before_actor), "a critic step moved the actor"
     assert losses[-1] < 0.5 * losses[0], losses
+    assert metrics["critic/lr"] == cfg.critic.critic_lr != cfg.optimizer.lr  # its own schedule
     for key in ("critic/value_loss", "critic/value_clipfrac", "critic/explained_variance", "critic/value_mean", "critic/grad_norm", "critic/lr"):
         assert key in metrics, key
     # The actor's step with the critic's values touches no critic weight either.
