@@ -111,6 +111,26 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     assert "Resumed from the checkpoint of rollout 2" in r2.stdout
 
 
+def assert_converts_to_the_trainer_weights(checkpoints: Path, reference: dict, cwd: Path) -> None:
+    """`miles convert` of a run's own checkpoints/ (no other option) gives these weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    out = cwd / f"hf_of_{checkpoints.parent.name}"
+    run(["convert", "--from", "torch_dist", "--to", "hf", "--load", str(checkpoints), "--save", str(out)], cwd)
+    got = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert got.keys() == reference.keys()
+    assert [k for k in reference if not torch.equal(got[k], reference[k])] == []
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+
+
+def test_the_runs_own_checkpoints_convert_to_hf_bit_exact(work):
+    """The default run's `checkpoints/` (torch backend, per-rank DCP) → HF, the config from its run.json."""
+    run_dir = work / "runs" / "smoke"
+    if not (run_dir / "checkpoints").exists():
+        run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
+    assert_converts_to_the_trainer_weights(run_dir / "checkpoints", final_state(run_dir)["model"], work)
+
+
 def test_eval_of_the_final_checkpoint_equals_the_runs_last_eval(work):
     """`miles eval --checkpoint <run>/checkpoints` loads the trainer weights into a fresh engine."""
     run_dir = work / "runs" / "smoke"
