@@ -88,9 +88,13 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+    from miles.hardware import device_summary
+
     c = inv.config.cluster
+    on_gpu = device_summary(c.device) == "cuda"
+    units = "GPUs" if on_gpu else "CPU worker process(es)"
     console.print(
-        f"[bold]Placement[/bold]: {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} GPUs for training"
+        f"[bold]Placement[/bold] ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training"
         + (f" ({inv.recipe.SPEC.train_layout.describe()} upstream)" if hasattr(inv.recipe, "SPEC") else "")
         + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
         highlight=False,

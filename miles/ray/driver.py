@@ -250,7 +250,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 _each(workers, "offload", "the trainer to move to host memory")
             if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
                 first_eval = wait(manager.eval.remote(0), "eval before training")
-                tracker.log({**first_eval, "eval/step": 0}, step=0)
+                tracker.log(first_eval, step=0)
                 last_eval = first_eval
             if resumed_from is not None and _is_eval_step(cfg, start) and not _logged_eval(run_dir, start):
                 # Killed between its checkpoint and its eval: the checkpoint holds exactly the weights

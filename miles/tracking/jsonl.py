@@ -1,7 +1,8 @@
 """The always-on metrics file: `<run_dir>/metrics.jsonl`, one JSON object per step.
 
 Each line is `{"step": <int>, "time": <unix seconds>, "<metric>": <float>, ...}`, holding every metric
-logged for that step (several `Tracker.log` calls of one step merge into its line), so
+logged for that step (several `Tracker.log` calls of one step merge into its line; `time` is when its
+last metrics were logged, the end of the step), so
 `pandas.read_json(path, lines=True)` gives one row per step. The file is opened
 for appending so a resumed run continues it; `resume_step=N` first drops every line with
 `step >= N` (those steps are about to be redone), rewriting the file atomically (temp + rename).
@@ -91,12 +92,12 @@ class JsonlSink:
         if self._file is None:
             raise RuntimeError(f"{self.path}: log() after finish()")
         if self._last is not None and self._last[1]["step"] == step:
-            start, record = self._last[0], {**self._last[1], **metrics}
+            start, record = self._last[0], {**self._last[1], **metrics, "time": time.time()}
         else:
             start, record = self._end, {"step": step, "time": time.time(), **metrics}
         line = (json.dumps(record) + "\n").encode()
-        # One write: the merged line repeats the old one's bytes and extends it, so a process killed
-        # here leaves the old line or the new one.
+        # One write of the whole line over the old one, so a process killed here leaves the old line
+        # or the new one, never a mix.
         os.pwrite(self._file, line, start)
         if start + len(line) < self._end:  # a merged value printed shorter than the one it replaced
             os.ftruncate(self._file, start + len(line))
