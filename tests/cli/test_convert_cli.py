@@ -74,7 +74,7 @@ def _arch(tmp_path: Path, name: str) -> None:
     (["--hf-checkpoint", "hf", "--save", "out"], lambda d: (d / "out").mkdir(),
      "exists but is not a complete torch_dist checkpoint; pass --force"),
     (["--from", "torch_dist", "--to", "hf", "--load", "hf", "--save", "out"], None,
-     "has no latest_checkpointed_iteration.txt and no metadata.json"),
+     "has no latest_checkpointed_iteration.txt, no metadata.json and no .metadata, so it holds no checkpoint"),
 ], ids=["missing-dir", "unknown-architecture", "same-from-to", "existing-output", "load-not-torch-dist"])
 def test_user_errors_exit_2_with_one_sentence(tmp_path, args, setup, expected):
     make_hf_model("llama", tmp_path / "hf")

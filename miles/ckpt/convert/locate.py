@@ -80,8 +80,8 @@ def locate_checkpoint(load: Path, ckpt_step: int | None = None) -> Located:
             option="--ckpt-step",
         )
     raise UserError(
-        f"--load {load} holds no checkpoint; pass a run's checkpoints/ directory, one of its iter_* "
-        "directories, or the output of `miles convert --to torch_dist`.",
+        f"--load {load} has no {TRACKER}, no {MEGATRON_MARKER} and no {DCP_METADATA}, so it holds no checkpoint; pass a "
+        "run's checkpoints/ directory, one of its iter_* directories, or the output of `miles convert --to torch_dist`.",
         option="--load",
     )
 
