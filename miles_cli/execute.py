@@ -8,6 +8,7 @@ stops it like Ctrl-C, and either way the user is told what was kept and the comm
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -60,6 +61,12 @@ def execute(inv, *, checkpoint: str | None = None):
 
                 run_prepare_steps(inv.plan.prepare)
                 guard.inputs_ready()
+            from miles.run_progress import completed_run
+
+            done = completed_run(cfg, inv.options.run_dir)
+            if done is not None:
+                # Nothing to train: start nothing and leave the run's record as what trained (issue 28).
+                return _print_completed(inv, done)
             from miles.ray.driver import run_training
             from miles_cli.output import write_options_file
 
@@ -79,12 +86,28 @@ def execute(inv, *, checkpoint: str | None = None):
     return result
 
 
+def _print_completed(inv, done):
+    from miles.ray.driver import RunResult
+
+    result = RunResult(Path(inv.options.run_dir), done.final_step, done.first_eval, done.last_eval, done.plot, done.last_rollout)
+    console.rule("[bold]Run already complete")
+    console.print(
+        f"The run finished at rollout {done.last_rollout} (--num-rollout {done.final_step}): nothing to train, so nothing "
+        "was started and its record (options.json, run.json, MLflow, metrics) is unchanged. Use another --run-id for a new run.",
+        highlight=False,
+    )
+    _print_outcome(result)
+    return result
+
+
 def print_result(result) -> None:
     console.rule("[bold]Run finished")
     if result.resumed_from is not None:
         console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
-        if result.resumed_from + 1 >= result.final_step:
-            console.print("The run was already complete: nothing to train. Use another --run-id for a new run.")
+    _print_outcome(result)
+
+
+def _print_outcome(result) -> None:
     from miles.tracking.console import eval_headline_keys
 
     for key in eval_headline_keys(result.last_eval):
