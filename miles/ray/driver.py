@@ -305,6 +305,8 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
                 from miles.tracking.plot import plot_curves
 
                 plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+                if plot:
+                    tracker.log_artifact(plot)
             tracker.finish(status=status)
             if status == "FINISHED":  # stop the router and engine servers, if any, while the manager is idle
                 with contextlib.suppress(Exception):

@@ -95,6 +95,15 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     for name in ["metrics.jsonl", "mlflow.db", "curves.png", "checkpoints/latest_checkpointed_iteration.txt"]:
         assert (run_dir / name).exists(), name
     assert "Plot:" in r.stdout
+    # The plot is an artifact of the run's MLflow run, stored in the run directory.
+    from mlflow.tracking import MlflowClient
+
+    mlflow_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+    assert [a.path for a in client.list_artifacts(mlflow_id)] == ["curves.png"]
+    # One metrics line per step, every metric of the step in it (issue 28).
+    assert [row["step"] for row in rows(run_dir)] == [0, 1, 2, 3]
+    assert "eval/step" not in {k for row in rows(run_dir) for k in row}
     # A quiet console: Ray's notice that token authentication is on (its default) is not the user's business.
     assert "Token authentication is enabled" not in r.stdout + r.stderr
     # ... nor torch.distributed.checkpoint's warning that a one-worker save is a single process.
