@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from miles.config.engine import option_specs
@@ -46,12 +47,25 @@ def option_rows(inv, *, sglang_defaults: bool = True) -> list[tuple[str, str, st
 
 def print_options_table(inv) -> None:
     """Every recipe and engine option with its value and where the value came from (--dry-run)."""
+    rows = option_rows(inv, sglang_defaults=False)
+    widest = max(len(flag) for _, flag, _, _ in rows) + max(len(v) for _, _, v, _ in rows) + max(len(src) for *_, src in rows) + 10
+    if console.width < widest:
+        # Too narrow for the three columns: one option a line, so no value is cut mid-word
+        # (a table folded paths like runs/models/Qw│en3-4B at 80 columns).
+        console.print(f"[bold]miles {inv.command} — {inv.options.model_name}[/bold] (option value (source)):", highlight=False)
+        last_panel = None
+        for panel, flag, value, source in rows:
+            if panel != last_panel:
+                console.print(f"[bold]{escape(panel)}[/bold]", highlight=False)
+                last_panel = panel
+            console.print(f"  [cyan]{flag}[/cyan] {escape(value)}  [dim]({escape(source)})[/dim]", highlight=False, soft_wrap=True)
+        return
     table = Table(title=f"miles {inv.command} — {inv.options.model_name}", show_lines=False, expand=False)
     table.add_column("Option", style="cyan", no_wrap=True)
     table.add_column("Value", overflow="fold")
     table.add_column("Source", style="dim")
     last_panel = None
-    for panel, flag, value, source in option_rows(inv, sglang_defaults=False):
+    for panel, flag, value, source in rows:
         if panel != last_panel and last_panel is not None:
             table.add_section()
         last_panel = panel
