@@ -80,7 +80,9 @@ def print_changed_options(inv) -> None:
     rows = [(flag, value, source) for _, flag, value, source in option_rows(inv) if flag in changed]
     for flag, value, source in rows:
         console.print(f"  {flag} {value}  [dim]({source})[/dim]", highlight=False)
-    console.print(f"[dim]Every option: {Path(inv.options.run_dir) / OPTIONS_FILE} (or rerun with --dry-run).[/dim]")
+    # Printed before the file exists (it is written once training starts, never by a failed start or
+    # a rerun that trains nothing), so it says when, not that it is there.
+    console.print(f"[dim]Every option: rerun with --dry-run; a run that trains records them in {Path(inv.options.run_dir) / OPTIONS_FILE}.[/dim]")
 
 
 def write_options_file(inv) -> Path:
