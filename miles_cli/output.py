@@ -96,6 +96,25 @@ def write_options_file(inv) -> Path:
     return path
 
 
+def print_memory_and_gaps(inv) -> None:
+    """The memory plan (or why there is none yet) and what `train` would refuse (--dry-run)."""
+    from miles_cli.run_plan import memory_plan, trainer_gaps
+
+    plan, why = memory_plan(inv)
+    if plan is None:
+        console.print(f"[bold]Memory plan[/bold]: none, {escape(why)}.", highlight=False)
+    else:
+        first, *rest = plan.lines()
+        console.print(f"[bold]{escape(first)}[/bold]", highlight=False)
+        for line in rest:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    gaps = trainer_gaps(inv)
+    if gaps:
+        console.print("[bold]Cannot train yet[/bold] (train and full-train exit 2; miles/config/trainer_support.py):")
+        for _, sentence in gaps:
+            console.print(f"  {sentence}", highlight=False, markup=False, soft_wrap=True)
+
+
 def print_plan(inv) -> None:
     """The prepare steps `full-train` would run (and which are already complete), for --dry-run."""
     if inv.command == "full-train":
@@ -106,15 +125,21 @@ def print_plan(inv) -> None:
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
     from miles.hardware import device_summary
 
-    c = inv.config.cluster
+    c, t = inv.config.cluster, inv.config.train
     on_gpu = device_summary(c.device) == "cuda"
     units = "GPUs" if on_gpu else "CPU worker process(es)"
+    layout = f"--train-backend {t.train_backend}"
+    if t.train_backend == "megatron":
+        layout += (f": TP{t.tensor_model_parallel_size} PP{t.pipeline_model_parallel_size} CP{t.context_parallel_size} "
+                   f"EP{t.expert_model_parallel_size} ETP{t.expert_tensor_parallel_size}")
     console.print(
-        f"[bold]Placement[/bold] ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training"
-        + (f" ({inv.recipe.SPEC.train_layout.describe()} upstream)" if hasattr(inv.recipe, "SPEC") else "")
+        f"[bold]Placement[/bold] ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training ({layout})"
         + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
         highlight=False,
     )
+    # The values derived from the options (miles/config/layout.py), as the run will use them.
+    console.print(f"[bold]Resolved[/bold]: {inv.config.layout.describe()}", highlight=False, soft_wrap=True)
+    print_memory_and_gaps(inv)
     if inv.config.rollout.rollout_backend == "sglang":
         import shlex
 

@@ -54,6 +54,11 @@ def test_train_step(tmp_path):
     assert finite_positive(rows)
 
 
+def test_memory_plan(tmp_path):
+    rows = run_bench("memory_plan", tmp_path)
+    assert finite_positive(rows) and all(r["unit"] == "x measured" for r in rows)
+
+
 def test_rollout_engine(tmp_path):
     rows = run_bench("rollout_engine", tmp_path)
     assert finite_positive(rows)

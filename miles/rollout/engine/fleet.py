@@ -439,9 +439,9 @@ class EngineFleet(RolloutEngine):
                 self._write_state()
         self._updating = False
 
-    def recover(self) -> None:
+    def recover(self) -> bool:
         """After a failed weight update: find dead engines (stop, or restart them with fault tolerance)
-        and close the update session the survivors are still in, so the update can be run again."""
+        and close the update session the survivors are still in, so the update can be run again (True)."""
         for slot in [s for s in self.slots if s.state in ("serving", "new")]:
             try:
                 slot.client.call("/health", method="GET", timeout=self.ft.rollout_health_check_timeout)
@@ -462,6 +462,7 @@ class EngineFleet(RolloutEngine):
         self._updating = False
         if self.fatal:
             raise RunStopped(self.fatal)
+        return True
 
     def health(self) -> dict[str, Any]:
         return {
