@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from miles.errors import UserError
+from miles.hardware import check_hardware_present
 from miles.run_guard import guarded, preflight
 
 console = Console()
@@ -39,6 +40,8 @@ def check_can_run(cfg) -> None:
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
     cfg = inv.config
+    # First: a GPU asked for and not there is the one sentence to read, whatever else this build lacks.
+    check_hardware_present(inv.options.hardware, ray_address=cfg.cluster.ray_address)
     if inv.command != "eval":
         from miles_cli.run_plan import check_can_train
 

@@ -24,6 +24,7 @@ from backend_fixtures import make_engine_cfg, make_tiny_hf_dir, make_train_data 
 
 from miles.backends.torch import TorchBackend  # noqa: E402
 from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint  # noqa: E402
+from miles.train.step import train_rollout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
@@ -53,7 +54,7 @@ def run_dir(tmp_path_factory) -> tuple[Path, dict[int, dict[str, torch.Tensor]],
     trainer = TorchBackend(make_engine_cfg(hf, lr=1e-2), rank=0, world_size=1, device="cpu")
     saved = {}
     for rollout_id in (0, 1):
-        trainer.train_step(make_train_data(4, seed=rollout_id), rollout_id=rollout_id)
+        train_rollout(trainer, make_train_data(4, seed=rollout_id), rollout_id=rollout_id)
         tmp = begin_checkpoint(run / "checkpoints", rollout_id)
         trainer.save_checkpoint(str(tmp))
         commit_checkpoint(run / "checkpoints", rollout_id, tmp, {"data_position": rollout_id})
