@@ -35,7 +35,7 @@ BAD = [
     (["train", "--sglang-router-policy", "fastest"], "--sglang-router-policy"),
     (["train", "--eps-clip-c", "0.5"], "--eps-clip-c"),
     (["train", "--num-epoch", "0"], "--num-epoch"),
-    (["train", "--advantage-estimator", "ppo"], "--advantage-estimator"),
+    (["train", "--num-critic-only-steps", "2"], "--num-critic-only-steps"),
     (["train", "--hf-checkpoint", "/no/such/model"], "--hf-checkpoint"),
     (["train", "stray"], "stray"),
     (["eval", "--eval-prompt-data", "only-name"], "--eval-prompt-data"),
