@@ -106,6 +106,16 @@ def _hooks(cfg: Any, command: str) -> None:
         if value:
             load_function(value, flag=_flag(name))
     load_generate_function(cfg.rollout.custom_generate_function_path)  # an async function, or exit 2
+    r = cfg.rollout
+    if r.generate_execute_tool_function_path or r.generate_tool_specs_path:
+        from miles.rollout.tools.execution import load_execute_tool, load_tool_specs
+
+        load_execute_tool(r.generate_execute_tool_function_path)
+        load_tool_specs(r.generate_tool_specs_path)
+    if r.custom_agent_function_path:
+        from miles.rollout.generate_hub.agentic_tool_call import load_agent_function
+
+        load_agent_function(r.custom_agent_function_path)
     if command != "eval":
         load_rollout_function(cfg.rollout.rollout_function_path)
 

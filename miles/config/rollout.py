@@ -73,6 +73,46 @@ class RolloutConfig:
             "prompt groups; samples without a reward are scored by --rm-type / --custom-rm-path. Eval is unchanged."
         ),
     )
+    generate_max_turns: int = option(
+        16,
+        help="Most engine calls per trajectory of miles.rollout.generate_hub.multi_turn.generate (each turn gets "
+        "--rollout-max-response-len new tokens; --rollout-max-context-len bounds the whole trajectory).",
+        in_eval=True,
+    )
+    generate_tool_call_parser: Literal["qwen25"] = option(
+        "qwen25",
+        help="How multi-turn generation reads the model's tool calls: qwen25 = Qwen2.5/Qwen3's "
+        "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> blocks (SGLang's parser name).",
+        in_eval=True,
+    )
+    generate_tool_specs_path: str | None = option(
+        None,
+        help="The tools multi-turn generation offers: module.attr, file.py:attr or a .json file holding a list of "
+        "OpenAI tool dicts; given to the chat template of prompts whose row has no --tool-key tools, and calls to "
+        "other tools are answered with an error. Unset = the row's --tool-key tools, or any name the executor takes.",
+        in_eval=True,
+    )
+    generate_execute_tool_function_path: str | None = option(
+        None,
+        help="Runs multi-turn generation's tool calls: module.fn or file.py:fn naming `async fn(name: str, params: "
+        "dict) -> str`; unset = miles.rollout.tools.builtin.execute_tool (calculator, and python in a limited "
+        "subprocess).",
+        in_eval=True,
+    )
+    custom_agent_function_path: str | None = option(
+        None,
+        help="The agent of miles.rollout.generate_hub.agentic_tool_call.generate: module.fn or file.py:fn naming "
+        "`async fn(base_url, prompt, request_kwargs, metadata, **kw) -> dict | None`, which talks to the session's "
+        "OpenAI-compatible {base_url}/v1/chat/completions; a returned `reward` is trained on, the rest joins the "
+        "sample's metadata.",
+        in_eval=True,
+    )
+    use_session_server: bool = option(
+        False,
+        help="Serve the OpenAI-compatible per-session chat endpoint that agentic generation's agents call (on "
+        "127.0.0.1, a free port); miles renders and tokenizes, so the trained tokens are the engine's.",
+        in_eval=True,
+    )
     update_weight_buffer_size: int = option(
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
@@ -111,7 +151,9 @@ class RolloutConfig:
 
     def check(self, rollout_batch_size: int) -> None:
         """Reject options the rollout function would silently ignore: it replaces the built-in rollout,
-        its over-sampling and its filter."""
+        its over-sampling and its filter. Reject multi-turn and agentic options the generate function
+        in use would ignore."""
+        self._check_generate_options()
         if not self.rollout_function_path:
             return
         if self.dynamic_sampling_filter_path:
@@ -125,3 +167,34 @@ class RolloutConfig:
                 "--over-sampling-batch-size is not used with --rollout-function-path (the function draws its own prompts); drop it.",
                 option="--over-sampling-batch-size",
             )
+
+    def _check_generate_options(self) -> None:
+        if self.generate_max_turns < 1:
+            raise UserError(f"--generate-max-turns {self.generate_max_turns} must be at least 1.", option="--generate-max-turns")
+        path = self.custom_generate_function_path or ""
+        set_ = [
+            flag for flag, value in (
+                ("--generate-tool-specs-path", self.generate_tool_specs_path),
+                ("--generate-execute-tool-function-path", self.generate_execute_tool_function_path),
+                ("--custom-agent-function-path", self.custom_agent_function_path),
+                ("--use-session-server", self.use_session_server),
+            ) if value
+        ]
+        if set_ and not path:
+            raise UserError(
+                f"{set_[0]} is not used by the default single-turn generate function; add --custom-generate-function-path "
+                "miles.rollout.generate_hub.multi_turn.generate (tools) or ...agentic_tool_call.generate (agents), or drop it.",
+                option=set_[0],
+            )
+        if path.endswith("agentic_tool_call.generate"):
+            if not self.custom_agent_function_path:
+                raise UserError(
+                    f"--custom-generate-function-path {path} needs --custom-agent-function-path naming the agent "
+                    "(`async fn(base_url, prompt, request_kwargs, metadata, **kw)`).",
+                    option="--custom-agent-function-path",
+                )
+            if not self.use_session_server:
+                raise UserError(
+                    f"--custom-generate-function-path {path} needs --use-session-server (its agent talks to the session endpoint).",
+                    option="--use-session-server",
+                )

@@ -60,6 +60,59 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
+CHAT_CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"
+"""Every character of the chat variant: printable ASCII and the newline (tool calls are JSON)."""
+CHAT_SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|im_end|>", "<|unk|>", "<|im_start|>")
+CHAT_TAG_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Qwen3's tool tags, one token each and not special: decoding keeps them, so the text can be parsed."""
+
+# Qwen3's layout in miniature: the tools are named in a system block, a tool result comes back inside
+# <tool_response> in a user block, and every message ends with <|im_end|> (the eos) and a newline.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "tools: {% for t in tools %}{{ t.function.name if t.function is defined else t.name }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'user' %}<|im_start|>user\n{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for tc in m.tool_calls or [] %}{% set f = tc.function if tc.function is defined else tc %}"
+    "<tool_call>{\"name\": \"{{ f.name }}\", \"arguments\": "
+    "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ f.arguments | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chat_vocab() -> dict[str, int]:
+    """Token -> id of the chat variant: specials (pad 0, bos 1, eos `<|im_end|>` 2, unk 3, `<|im_start|>` 4),
+    the tool tags, then `CHAT_CHARS`."""
+    return {tok: i for i, tok in enumerate((*CHAT_SPECIAL_TOKENS, *CHAT_TAG_TOKENS, *CHAT_CHARS))}
+
+
+def build_chat_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """The chat variant of the character tokenizer: printable ASCII, Qwen3's tool tags and a chat template
+    (`CHAT_TEMPLATE`) that takes `tools=`; eos is `<|im_end|>`, as in Qwen3."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pad, bos, eos, unk, _ = CHAT_SPECIAL_TOKENS
+    tok = Tokenizer(models.WordLevel(vocab=chat_vocab(), unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m:.)"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(CHAT_SPECIAL_TOKENS))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TAG_TOKENS])
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=pad, bos_token=bos, eos_token=eos, unk_token=unk,
+        padding_side="left", clean_up_tokenization_spaces=False, model_max_length=4096,
+    )
+    out.chat_template = CHAT_TEMPLATE
+    return out
+
+
 def create_tiny_qwen3(
     out_dir: str | os.PathLike[str],
     *,
@@ -71,11 +124,13 @@ def create_tiny_qwen3(
     max_position_embeddings: int = 512,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    chat: bool = False,
 ) -> Path:
     """Write the tiny Qwen3 model + tokenizer to `out_dir` (atomically) and return its path.
 
     Skipped when `out_dir` is already complete with the same arguments; a complete directory built
-    with other arguments raises `UserError`.
+    with other arguments raises `UserError`. `chat=True` gives it the chat tokenizer
+    (`build_chat_tokenizer`: printable ASCII, tool tags, a chat template) instead of the arithmetic one.
     """
     if hidden_size % heads or heads % kv_heads:
         raise ValueError(
@@ -93,12 +148,16 @@ def create_tiny_qwen3(
         "seed": seed,
         "vocab": "".join(TASK_CHARS),
     }
+    if chat:  # a key only the chat variant has: the default directory's spec (and bytes) stay as they were
+        spec["vocab"] = "".join((*CHAT_SPECIAL_TOKENS, *CHAT_TAG_TOKENS, CHAT_CHARS))
+        spec["chat_template"] = CHAT_TEMPLATE
 
     def build(tmp: Path) -> None:
         import torch
         from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-        vocab = tiny_vocab()
+        vocab = chat_vocab() if chat else tiny_vocab()
+        eos_token = CHAT_SPECIAL_TOKENS[2] if chat else EOS_TOKEN
         config = Qwen3Config(
             vocab_size=len(vocab),
             hidden_size=hidden_size,
@@ -110,7 +169,7 @@ def create_tiny_qwen3(
             max_position_embeddings=max_position_embeddings,
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=vocab[BOS_TOKEN],
-            eos_token_id=vocab[EOS_TOKEN],
+            eos_token_id=vocab[eos_token],
             pad_token_id=vocab[PAD_TOKEN],
             torch_dtype="float32",
         )
@@ -119,9 +178,9 @@ def create_tiny_qwen3(
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
         model.generation_config = GenerationConfig(
-            bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN]
+            bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[eos_token], pad_token_id=vocab[PAD_TOKEN]
         )
         model.save_pretrained(tmp)
-        build_char_tokenizer().save_pretrained(tmp)
+        (build_chat_tokenizer() if chat else build_char_tokenizer()).save_pretrained(tmp)
 
     return build_once(out_dir, spec, build, what="tiny Qwen3 model")

@@ -50,8 +50,10 @@ from miles.rollout.generate_hub import (
     request_seed,
 )
 from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
+from miles.rollout.generate_hub.turn_metrics import turn_metrics
 from miles.rollout.generate_hub.types import as_groups, as_samples
 from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.tools.execution import load_tool_specs
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
 from miles.utils.load_function import load_function
@@ -118,6 +120,7 @@ class RolloutManager:
                 apply_chat_template_kwargs=d.apply_chat_template_kwargs,
                 max_prompt_len=r.rollout_max_prompt_len,
                 flag="--eval-prompt-data",
+                default_tools=load_tool_specs(r.generate_tool_specs_path),
             )
         self.dynamic_filter = load_group_filter(r.dynamic_sampling_filter_path)
         rw = cfg.reward
@@ -209,6 +212,10 @@ class RolloutManager:
                 kept.append((order, samples))
         if pending:  # enough groups: stop the rest now (upstream aborts; the groups go back to the buffer)
             await self.client.abort(prefix)
+            if self.cfg.rollout.custom_agent_function_path:  # the agent's own cleanup (its `abort` hook)
+                from miles.rollout.generate_hub.agentic_tool_call import call_abort_hook
+
+                await call_abort_hook(self.cfg.rollout.custom_agent_function_path, self.cfg)
             await asyncio.wait(pending, timeout=60)
             for task in pending:
                 if task.done() and not task.cancelled():
@@ -290,6 +297,7 @@ class RolloutManager:
             "perf/rollout_time": elapsed,
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             **counts,
+            **turn_metrics(samples, "rollout"),
         }
         health = self.engine.health()
         if "restarts" in health:  # engine servers
@@ -350,6 +358,7 @@ class RolloutManager:
             if self._binary_rewards(flat):  # "reward > 0" means "correct" only for right/wrong rewards
                 metrics[f"eval/{name}/accuracy"] = sum(r > 0 for r in rewards) / len(rewards)
             metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for s in flat) / len(flat)
+            metrics.update(turn_metrics(flat, f"eval/{name}"))
             metrics[f"eval/{name}/truncated_ratio"] = sum(s.status == SampleStatus.TRUNCATED for s in flat) / len(flat)
             metrics["perf/eval_time"] = metrics.get("perf/eval_time", 0.0) + time.perf_counter() - t0
         return metrics

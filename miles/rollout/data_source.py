@@ -106,6 +106,14 @@ def _parse_chat_template_kwargs(value: str | dict[str, Any] | None) -> dict[str,
     return parsed
 
 
+def _tool_specs(path: str | None) -> list[dict[str, Any]] | None:
+    if not path:
+        return None
+    from miles.rollout.tools.execution import load_tool_specs
+
+    return load_tool_specs(path)
+
+
 class PromptDataset(Sequence[Sample]):
     """The prompts of one dataset file as `Sample`s with prompt, label, metadata, tools (and tokens)."""
 
@@ -122,12 +130,14 @@ class PromptDataset(Sequence[Sample]):
         apply_chat_template_kwargs: str | dict[str, Any] | None = None,
         max_prompt_len: int | None = None,
         flag: str = "--prompt-data",
+        default_tools: list[dict[str, Any]] | None = None,
     ):
         """Read and prepare every row now, so data errors surface before any training starts.
 
         `tokenizer` (HF-style: `apply_chat_template`, `__call__` returning "input_ids") is needed for
         `apply_chat_template` and `max_prompt_len`; with it, each sample's `tokens` hold the prompt ids.
         `flag` names the option that gave `path`, for error messages (eval datasets pass their own).
+        `default_tools` (--generate-tool-specs-path) are the tools of rows that have none under `tool_key`.
         """
         self.path = Path(path)
         if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:
@@ -150,6 +160,8 @@ class PromptDataset(Sequence[Sample]):
             prompt = row[input_key]
             metadata = self._metadata(row.get(metadata_key), where, metadata_key)
             tools = row.get(tool_key)
+            if tools is None:
+                tools = default_tools
             text = self._render(prompt, tools, where, tokenizer, apply_chat_template, template_kwargs)
             tokens: list[int] = []
             if tokenizer is not None:
@@ -189,6 +201,7 @@ class PromptDataset(Sequence[Sample]):
             apply_chat_template=data.apply_chat_template,
             apply_chat_template_kwargs=data.apply_chat_template_kwargs,
             max_prompt_len=rollout.rollout_max_prompt_len,
+            default_tools=_tool_specs(rollout.generate_tool_specs_path),
         )
 
     @staticmethod
