@@ -17,7 +17,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from miles.hardware import check_hardware_present
+from miles.hardware import MissingHardware, check_hardware_present
 from miles.run_identity import check_run_dir, identity_of, write_run_record
 from miles.run_lock import RunLock, holder, in_use_error
 from miles.run_stop import stop_signals
@@ -39,10 +39,19 @@ def lock_dirs(inv: Any) -> list[Path]:
     return dirs
 
 
-def preflight(inv: Any, checkpoint: str | None = None) -> None:
+def preflight(inv: Any, checkpoint: str | None = None, *, planning: bool = False) -> None:
     """Every check that needs no lock and writes nothing: the hardware asked for, inputs, then
-    (training) the run directory."""
-    check_hardware_present(inv.options.hardware, ray_address=inv.config.cluster.ray_address)
+    (training) the run directory. `planning` (--dry-run): GPUs missing here are reported, not refused,
+    since planning a GPU run from a machine without them is what a dry run is for (memory plan)."""
+    try:
+        check_hardware_present(inv.options.hardware, ray_address=inv.config.cluster.ray_address)
+    except MissingHardware as e:
+        if not planning:
+            raise
+        import sys
+
+        # stderr: the plan on stdout is the same on every machine (the frozen recipe plans compare it).
+        print(f"Note: train/full-train here would exit 2: {e}", file=sys.stderr)
     pending = pending_outputs(inv.plan) if inv.command == "full-train" else []
     check_inputs(inv.config, command=inv.command, checkpoint=checkpoint, pending=pending)
     if inv.command == "eval":

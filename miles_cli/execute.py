@@ -40,12 +40,13 @@ def check_can_run(cfg) -> None:
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
     cfg = inv.config
-    # First: a GPU asked for and not there is the one sentence to read, whatever else this build lacks.
-    check_hardware_present(inv.options.hardware, ray_address=cfg.cluster.ray_address)
+    # First what no machine can run (this build's gaps, a plan that cannot fit: true on any machine),
+    # then a GPU asked for and not on this one.
     if inv.command != "eval":
         from miles_cli.run_plan import check_can_train
 
         check_can_train(inv)
+    check_hardware_present(inv.options.hardware, ray_address=cfg.cluster.ray_address)
     check_can_run(cfg)
     os.environ.update(inv.env)
     # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).

@@ -176,7 +176,7 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
                 print_options_table(inv)
                 print_plan(inv)
                 # Every check the run makes before it starts, last, so an error is never buried.
-                preflight(inv, kwargs.get("checkpoint"))
+                preflight(inv, kwargs.get("checkpoint"), planning=True)
                 if command != "eval":
                     from miles_cli.run_plan import check_memory
 

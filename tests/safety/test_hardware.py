@@ -31,8 +31,8 @@ def dirs(tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("argv", [
     ["full-train", "--hardware", "H100", "--mode", "debug_minimal"],          # the tiny recipe
-    ["full-train", "--hardware", "H100", "--mode", "debug_minimal", "--dry-run"],
-    ["train", "--model-name", "qwen3-0.6b", "--hardware", "H200"],            # a GPU recipe
+    # a GPU recipe, on one GPU so nothing else refuses it first (what no machine can run is said first)
+    ["train", "--model-name", "qwen3-0.6b", "--hardware", "H200", "--num-gpus-per-node", "1"],
     ["eval", "--hardware", "B200", "--checkpoint", "nowhere"],
 ])
 def test_a_gpu_asked_for_and_not_there_exits_2_with_one_sentence_and_writes_nothing(tmp_path, argv):
@@ -43,6 +43,17 @@ def test_a_gpu_asked_for_and_not_there_exits_2_with_one_sentence_and_writes_noth
     assert len(errors) == 1 and "--hardware" in errors[0] and "--hardware cpu" in errors[0], out[-3000:]
     assert "Traceback" not in out
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing may be prepared or written"
+
+
+def test_a_dry_run_plans_a_gpu_run_here_and_says_train_would_exit_2(tmp_path):
+    """Planning a GPU run (its memory plan) from a machine without GPUs is what --dry-run is for: exit 0,
+    and one note on stderr that train here would refuse it."""
+    r = miles(["full-train", "--hardware", "H100", "--mode", "debug_minimal", "--dry-run", *dirs(tmp_path)], tmp_path, NO_GPU)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("Note: train/full-train here would exit 2")]
+    assert len(notes) == 1 and "--hardware cpu" in notes[0], r.stderr[-3000:]
+    placement = [ln for ln in r.stdout.splitlines() if ln.startswith("Placement")]
+    assert placement and "GPU" in placement[0], placement
 
 
 def test_the_dry_run_says_the_cpu_when_the_run_uses_the_cpu(tmp_path):
