@@ -208,6 +208,11 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             # Rendezvous at rank 0's node (its IP as Ray sees it, a port free there), then build the backends.
             master = wait(workers[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
             wait([w.start.remote(*master) for w in workers], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+            from miles.train.metrics import parameter_line
+
+            line = parameter_line(wait(workers[0].parameter_metrics.remote(), "training rank 0 to count its parameters"), cfg)
+            if line:
+                get_console().print(line, markup=False, highlight=False)
             return workers
 
         # The trainers need nothing from the manager unless --num-epoch leaves the step count to the

@@ -101,6 +101,9 @@ class TrainWorker:
         self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device)
         return True
 
+    def parameter_metrics(self) -> dict[str, float]:
+        return self.backend.parameter_metrics()
+
     def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
         from miles.train.step import train_rollout
 

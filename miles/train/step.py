@@ -73,6 +73,7 @@ def train_rollout(
         )
     metrics = reduce_over_steps([optimizer_step(backend, train_data, p, mbs) for p, mbs in zip(plans, batches)])
     metrics.update(perf_metrics(t0, sum(len(train_data["tokens"][i]) for p in plans for i in p.global_indices)))
+    metrics.update(backend.parameter_metrics())  # what trains (LoRA: the adapters) and its optimizer memory
     return metrics
 
 
