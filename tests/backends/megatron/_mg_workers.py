@@ -61,7 +61,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         result["initial_log_probs"], result["initial_entropy"] = log_probs()
     for k, seed in enumerate(job["rollouts"]):
         data = make_train_data(job.get("samples", 8), seed=seed, vocab=job.get("vocab", 19))
-        result["metrics"].append(train_rollout(trainer, data, rollout_id=k))
+        result["metrics"].append(train_rollout(trainer, data, rollout_id=k,
+                                               reuse_on_policy_log_probs=job.get("reuse_on_policy_log_probs", True)))
         if job.get("save_after") == k:
             os.makedirs(job["save"], exist_ok=True)
             trainer.save_checkpoint(job["save"])
