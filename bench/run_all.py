@@ -35,6 +35,7 @@ BENCHES = {
     "rollout_engine": [],
     "vs_trl": [],
     "step_phases": [],
+    "memory_plan": [],
 }
 # Not here: bench/learning.py (does the default run learn; minutes per seed, a pass/fail, not a ratio).
 

@@ -39,6 +39,10 @@ def check_can_run(cfg) -> None:
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
     cfg = inv.config
+    if inv.command != "eval":
+        from miles_cli.run_plan import check_can_train
+
+        check_can_train(inv)
     check_can_run(cfg)
     os.environ.update(inv.env)
     # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from miles.config.engine import option_specs
@@ -80,6 +81,25 @@ def write_options_file(inv) -> Path:
     return path
 
 
+def print_memory_and_gaps(inv) -> None:
+    """The memory plan (or why there is none yet) and what `train` would refuse (--dry-run)."""
+    from miles_cli.run_plan import memory_plan, trainer_gaps
+
+    plan, why = memory_plan(inv)
+    if plan is None:
+        console.print(f"[bold]Memory plan[/bold]: none, {escape(why)}.", highlight=False)
+    else:
+        first, *rest = plan.lines()
+        console.print(f"[bold]{escape(first)}[/bold]", highlight=False)
+        for line in rest:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    gaps = trainer_gaps(inv)
+    if gaps:
+        console.print("[bold]Cannot train yet[/bold] (train and full-train exit 2; miles/config/trainer_support.py):")
+        for _, sentence in gaps:
+            console.print(f"  {sentence}", highlight=False, markup=False, soft_wrap=True)
+
+
 def print_plan(inv) -> None:
     """The prepare steps `full-train` would run (and which are already complete), for --dry-run."""
     if inv.command == "full-train":
@@ -88,13 +108,17 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
-    c = inv.config.cluster
+    c, t = inv.config.cluster, inv.config.train
+    layout = f"--train-backend {t.train_backend}"
+    if t.train_backend == "megatron":
+        layout += (f": TP{t.tensor_model_parallel_size} PP{t.pipeline_model_parallel_size} CP{t.context_parallel_size} "
+                   f"EP{t.expert_model_parallel_size} ETP{t.expert_tensor_parallel_size}")
     console.print(
-        f"[bold]Placement[/bold]: {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} GPUs for training"
-        + (f" ({inv.recipe.SPEC.train_layout.describe()} upstream)" if hasattr(inv.recipe, "SPEC") else "")
+        f"[bold]Placement[/bold]: {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} GPUs for training ({layout})"
         + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
         highlight=False,
     )
+    print_memory_and_gaps(inv)
     if inv.config.rollout.rollout_backend == "sglang":
         import shlex
 

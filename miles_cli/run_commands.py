@@ -180,6 +180,10 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
                 print_plan(inv)
                 # Every check the run makes before it starts, last, so an error is never buried.
                 preflight(inv, kwargs.get("checkpoint"))
+                if command != "eval":
+                    from miles_cli.run_plan import check_memory
+
+                    check_memory(inv)
                 return
             print_changed_options(inv)
             from miles_cli.execute import execute

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Literal
 
 from miles.config.fields import Derived, option
+from miles.config.trainer_support import not_yet
 
 
 @dataclasses.dataclass
@@ -48,4 +49,9 @@ class OptimizerConfig:
     adam_beta2: float = option(0.95, help="Adam beta2 (second-moment decay).")
     adam_eps: float = option(1e-8, help="Adam epsilon added to the denominator.")
     clip_grad: float = option(1.0, help="Clip the global gradient L2 norm to this value; 0 disables clipping.")
+    optimizer_cpu_offload: bool = option(
+        False,
+        help="Megatron: keep the optimizer state and its step on the host (the GPU holds only bf16 weights and "
+        "gradients)." + not_yet("optimizer_cpu_offload"),
+    )
     seed: int = option(1234, help="Seed of the trainer's torch, numpy and python RNGs.")

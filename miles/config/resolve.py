@@ -158,8 +158,9 @@ def _check_megatron(cfg: EngineConfig) -> None:
     t = cfg.train
     if t.train_backend != "megatron":
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                     "expert_model_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
-                     "recompute_num_layers", "use_distributed_optimizer", "transformer_impl", "fp8_format", "attention_backend"):
+                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+                     "recompute_num_layers", "use_distributed_optimizer", "transformer_impl", "fp8_format", "attention_backend",
+                     "optimizer_cpu_offload"):
             flag = "--" + name.replace("_", "-")
             _require(cfg.get(name) == spec(name).default, f"{flag} applies only to --train-backend megatron; add that or drop {flag}.", flag)
         return
@@ -170,6 +171,21 @@ def _check_megatron(cfg: EngineConfig) -> None:
     check_layout(cfg, world)
     if c.device == "cpu":  # with "auto" the trainer checks once it knows the device
         check_hardware(cfg, cuda=False)
+
+
+def _check_token_budget(cfg: EngineConfig) -> None:
+    t = cfg.train
+    _require(
+        not t.use_dynamic_batch_size or t.max_tokens_per_gpu is not None,
+        "--use-dynamic-batch-size needs --max-tokens-per-gpu N (the token budget of one micro-batch); add it.",
+        "--use-dynamic-batch-size",
+    )
+    _require(
+        t.max_tokens_per_gpu is None or t.use_dynamic_batch_size,
+        "--max-tokens-per-gpu is the budget of --use-dynamic-batch-size; add that or drop --max-tokens-per-gpu.",
+        "--max-tokens-per-gpu",
+    )
+    _require(t.max_tokens_per_gpu is None or t.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu must be at least 1.", "--max-tokens-per-gpu")
 
 
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
@@ -267,6 +283,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "--global-batch-size",
     )
     _require(cfg.train.micro_batch_size >= 1, "--micro-batch-size must be at least 1.", "--micro-batch-size")
+    _check_token_budget(cfg)
     _require(
         r.over_sampling_batch_size >= d.rollout_batch_size,
         "--over-sampling-batch-size must be at least --rollout-batch-size.",

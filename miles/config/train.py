@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import option
+from miles.config.trainer_support import not_yet
 
 
 @dataclass
@@ -17,6 +18,21 @@ class TrainConfig:
         "(megatron-core: TP/PP/CP/EP).",
     )
     micro_batch_size: int = option(1, help="Samples per forward/backward pass; gradients accumulate up to --global-batch-size.")
+    bf16: bool = option(
+        False,
+        help="Train in bfloat16 with fp32 master weights, gradients reduced in fp32 and fp32 optimizer state; weights "
+        "go to the engines in the engine's dtype." + not_yet("bf16"),
+    )
+    use_dynamic_batch_size: bool = option(
+        False,
+        help="Cut micro-batches by a token budget (--max-tokens-per-gpu) instead of by --micro-batch-size samples, "
+        "balanced across the data-parallel ranks." + not_yet("use_dynamic_batch_size"),
+    )
+    max_tokens_per_gpu: int | None = option(
+        None,
+        help="Token budget of one micro-batch on one GPU with --use-dynamic-batch-size (after context-parallel "
+        "splitting); the memory plan sizes activations by it.",
+    )
     deterministic_mode: bool = option(
         False,
         help="Deterministic kernels and seeded RNG in the trainer, so identical runs (and resumed runs) give identical weights.",
@@ -34,8 +50,16 @@ class TrainConfig:
     # the training worker count divided by TP x PP x CP.
     tensor_model_parallel_size: int = option(1, help="Megatron: tensor-parallel size (each layer's matrices split over this many ranks).")
     pipeline_model_parallel_size: int = option(1, help="Megatron: pipeline-parallel size (the layers split into this many consecutive stages).")
-    context_parallel_size: int = option(1, help="Megatron: context-parallel size (each sequence split over this many ranks; needs TransformerEngine, i.e. a GPU).")
-    expert_model_parallel_size: int = option(1, help="Megatron: expert-parallel size (the experts of a MoE layer split over this many ranks).")
+    context_parallel_size: int = option(
+        1, help="Megatron: context-parallel size (each sequence split over this many ranks; needs TransformerEngine, i.e. a GPU)."
+        + not_yet("context_parallel_size")
+    )
+    expert_model_parallel_size: int = option(
+        1, help="Megatron: expert-parallel size (the experts of a MoE layer split over this many ranks)." + not_yet("expert_model_parallel_size")
+    )
+    expert_tensor_parallel_size: int = option(
+        1, help="Megatron: tensor-parallel size inside each expert (1: every expert whole on its rank)." + not_yet("expert_tensor_parallel_size")
+    )
     sequence_parallel: bool = option(
         False,
         help="Megatron: split norms and dropout along the sequence over the tensor-parallel ranks (needs TP > 1 and "
@@ -53,8 +77,11 @@ class TrainConfig:
     use_distributed_optimizer: bool = option(False, help="Megatron: shard the optimizer state over the data-parallel ranks (ZeRO-1).")
     transformer_impl: Literal["local", "transformer_engine"] = option(
         "local", help="Megatron layer implementation: local (plain PyTorch, any device) or transformer_engine (GPU only)."
+        + not_yet("transformer_impl"),
     )
-    fp8_format: Literal["e4m3", "hybrid"] | None = option(None, help="Megatron: train in FP8 with this format (needs TransformerEngine on a GPU); unset = off.")
+    fp8_format: Literal["e4m3", "hybrid"] | None = option(None, help="Megatron: train in FP8 with this format (needs TransformerEngine on a GPU); unset = off."
+                                                    + not_yet("fp8_format"))
     attention_backend: Literal["auto", "local", "flash", "fused", "unfused"] = option(
         "auto", help="Megatron attention kernel; flash and fused need TransformerEngine on a GPU; local/unfused run anywhere."
+        + not_yet("attention_backend"),
     )

@@ -3,13 +3,20 @@
 Each entry names the upstream launcher it follows (`source`). Values upstream passes as flags that
 SGLang 0.5.23 no longer has are written in today's spelling (`--sglang-cuda-graph-max-bs` →
 `sglang_cuda_graph_max_bs_decode`, `--sglang-enable-dp-attention --sglang-dp-size 8` →
-`sglang_attn_dp_size`), and options miles does not have yet (megatron's recompute, CPU optimizer
-offload, rollout routing replay) are left out rather than faked.
+`sglang_attn_dp_size`), and options miles does not have (rollout routing replay, dropout and fusion
+switches) are left out rather than faked.
+
+`megatron` is upstream's training layout as engine option values (TP/PP/CP/EP/ETP, sequence
+parallelism, recompute, token-budget batches, bf16, TransformerEngine attention, CPU optimizer
+offload); the recipe applies it under `--train-backend megatron` (the recipes' default). Values no
+trainer runs yet stay in (the plan says what the run needs) and `train` refuses them, listing each
+(miles/config/trainer_support.py). `hf_config` holds the numbers of each model's `config.json` (or,
+for DeepSeek-V4-Flash, of upstream's megatron model arguments), which the memory plan counts.
 """
 
 from __future__ import annotations
 
-from recipes.catalog.spec import HubFiles, ModelRecipe, TrainLayout
+from recipes.catalog.spec import HubFiles, ModelRecipe
 
 DAPO = HubFiles("zhuzilin/dapo-math-17k", "dapo-math-17k", "dataset")
 AIME = HubFiles("zhuzilin/aime-2024", "aime-2024", "dataset")
@@ -41,6 +48,72 @@ GRPO_MATH = {
     "eval_max_response_len": 16384,
     "save_interval": 20,
 }
+# What every upstream megatron launcher adds: bf16 (upstream's default), TransformerEngine with flash
+# attention, full recompute of every layer, token-budget micro-batches, the distributed optimizer.
+MEGATRON = {
+    "bf16": True,
+    "transformer_impl": "transformer_engine",
+    "attention_backend": "flash",
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+    "use_dynamic_batch_size": True,
+    "use_distributed_optimizer": True,
+}
+CPU_ADAM = {"optimizer_cpu_offload": True}  # upstream: --optimizer-cpu-offload --use-precision-aware-optimizer
+
+
+def layout(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1, *, max_tokens: int, **more) -> dict:
+    """Upstream's megatron options for one model, by engine option name."""
+    return {
+        **MEGATRON,
+        "tensor_model_parallel_size": tp,
+        "sequence_parallel": tp > 1,
+        "pipeline_model_parallel_size": pp,
+        "context_parallel_size": cp,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": etp,
+        "max_tokens_per_gpu": max_tokens,
+        **more,
+    }
+
+
+QWEN3_4B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728,
+    "vocab_size": 151936, "tie_word_embeddings": True,
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+# From upstream's megatron model arguments (scripts/models/deepseek-v4-flash.py): MLA-style attention with
+# DeepSeek-V4's own additions, which model_size.py does not count (it says so).
+DEEPSEEK_V4_FLASH = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43,
+    "num_attention_heads": 64, "q_lora_rank": 1024, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 448,
+    "v_head_dim": 512, "intermediate_size": 2048, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 6, "first_k_dense_replace": 0, "vocab_size": 129280,
+    "tie_word_embeddings": False, "quantization_config": {"quant_method": "fp8"},
+}
+GLM_47_FLASH = {
+    "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "hidden_size": 2048, "num_hidden_layers": 47,
+    "num_attention_heads": 20, "q_lora_rank": 768, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+    "v_head_dim": 256, "intermediate_size": 10240, "moe_intermediate_size": 1536, "n_routed_experts": 64,
+    "n_shared_experts": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 1, "vocab_size": 154880,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 1, "topk_method": "noaux_tc", "n_group": 1,
+}
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168, "num_hidden_layers": 61,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128, "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "vocab_size": 163840, "tie_word_embeddings": False, "topk_method": "noaux_tc", "n_group": 1,
+    "quantization_config": {"quant_method": "fp8"},
+}
+
 DEBUG_MINIMAL = {"num_rollout": 2, "rollout_max_response_len": 100, "eval_interval": None, "save_interval": 2}
 
 # DeepSeek-V4's deterministic training (upstream run_deepseek_v4.py): what --train-deterministic adds.
@@ -54,7 +127,8 @@ RECIPES: tuple[ModelRecipe, ...] = (
         num_nodes=1,
         num_gpus_per_node=8,
         hardware="H100",
-        train_layout=TrainLayout(tp=2),
+        megatron=layout(tp=2, cp=4, max_tokens=9216),
+        hf_config=QWEN3_4B,
         rollout_gpus_per_engine=2,
         colocate=True,
         engine={**GRPO_MATH, "rollout_temperature": 1.0, "eval_top_p": 0.7, "sglang_mem_fraction_static": 0.7},
@@ -69,7 +143,8 @@ RECIPES: tuple[ModelRecipe, ...] = (
         num_nodes=1,
         num_gpus_per_node=8,
         hardware="H100",
-        train_layout=TrainLayout(tp=4, ep=8),
+        megatron=layout(tp=4, ep=8, max_tokens=32768, **CPU_ADAM),
+        hf_config=QWEN3_30B_A3B,
         rollout_gpus_per_engine=8,
         colocate=True,
         engine={
@@ -90,7 +165,9 @@ RECIPES: tuple[ModelRecipe, ...] = (
         num_nodes=8,
         num_gpus_per_node=8,
         hardware="H200",
-        train_layout=TrainLayout(pp=8, ep=4),
+        # upstream: FP8 training (blockwise e4m3) by default, --micro-batch-size 1 --max-tokens-per-gpu 2048
+        megatron=layout(pp=8, ep=4, max_tokens=2048, fp8_format="e4m3", **CPU_ADAM),
+        hf_config=DEEPSEEK_V4_FLASH,
         rollout_gpus_per_engine=4,
         colocate=True,
         engine={
@@ -122,7 +199,8 @@ RECIPES: tuple[ModelRecipe, ...] = (
         num_nodes=1,
         num_gpus_per_node=8,
         hardware="H200",
-        train_layout=TrainLayout(tp=4, ep=8),
+        megatron=layout(tp=4, ep=8, max_tokens=32768, **CPU_ADAM),
+        hf_config=GLM_47_FLASH,
         rollout_gpus_per_engine=1,  # 20 attention heads: the engine's TP must divide 20
         colocate=True,
         engine={
@@ -147,7 +225,8 @@ RECIPES: tuple[ModelRecipe, ...] = (
         num_nodes=32,
         num_gpus_per_node=8,
         hardware="H200",
-        train_layout=TrainLayout(tp=8, pp=8, cp=4, ep=32),
+        megatron=layout(tp=8, pp=8, cp=4, ep=32, max_tokens=16384, **CPU_ADAM),
+        hf_config=KIMI_K2,
         rollout_gpus_per_engine=16,
         colocate=True,
         engine={

@@ -6,6 +6,8 @@ runs the rollouts on SGLang engines of `rollout_gpus_per_engine` GPUs, and sets 
 options and environment. The shared recipe options (`--num-nodes`, `--num-gpus-per-node`, `--hardware`,
 `--train-deterministic`, ...) take the model's defaults and reach their engine options through their
 own declaration (recipes/base.py), never through `plan()`; `--train-deterministic` also adds DETERMINISTIC_ENV.
+The recipes train on megatron by default with upstream's layout (`ModelRecipe.megatron`) as the
+megatron options' values; `--train-backend torch`/`fsdp` drops that layout (those options do not apply there).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def build(spec: ModelRecipe) -> tuple[type, Callable[[Any], RecipePlan]]:
                     "hardware", spec.hardware, help=_help("hardware") + f" The recipe's layout is tuned for {spec.hardware} (upstream)."
                 ),
             ),
+            ("train_backend", Literal["torch", "fsdp", "megatron"], recipe_default("train_backend", "megatron")),
             ("train_deterministic", bool, recipe_default("train_deterministic", spec.train_deterministic)),
         ],
         bases=(RecipeOptions,),
@@ -68,6 +71,8 @@ def build(spec: ModelRecipe) -> tuple[type, Callable[[Any], RecipePlan]]:
             "load": f"{o.run_dir}/checkpoints",
             **spec.engine,
         }
+        if o.train_backend == "megatron":
+            engine.update(spec.megatron)  # upstream's layout: megatron options, meaningless to the other trainers
         if spec.eval_file is not None:
             engine["eval_prompt_data"] = ["aime", f"{data}/{spec.eval_file}"]
         if o.mode == "debug_minimal":

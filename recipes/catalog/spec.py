@@ -1,7 +1,8 @@
 """The typed data of a real-model recipe: what upstream's launcher for that model sets, as values.
 
 A `ModelRecipe` says where the model and data come from (Hugging Face Hub ids), how the job is laid
-out (nodes, GPUs, the training parallel layout, GPUs per SGLang engine, colocated or not), the engine
+out (nodes, GPUs, GPUs per SGLang engine, colocated or not), upstream's megatron layout as engine option
+values, the model's `config.json` numbers (for the memory plan before the download), the engine
 options it sets (training hyperparameters and `--sglang-*` values, by option name) and the environment
 variables of the run. `recipes/catalog/recipe.py` turns one into a recipe (`Options` + `plan()`).
 Nothing here runs anything.
@@ -24,24 +25,6 @@ class HubFiles:
 
 
 @dataclass(frozen=True)
-class TrainLayout:
-    """Upstream's training parallel layout for this model (megatron-core: TP, PP, CP, EP, expert TP).
-
-    Printed by `--dry-run`; the megatron backend takes these as its options when it lands. The torch
-    backend shards with FSDP/DDP and ignores them.
-    """
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-
-    def describe(self) -> str:
-        return f"TP{self.tp} PP{self.pp} CP{self.cp} EP{self.ep} ETP{self.etp}"
-
-
-@dataclass(frozen=True)
 class ModelRecipe:
     name: str  # --model-name
     summary: str
@@ -49,7 +32,8 @@ class ModelRecipe:
     num_nodes: int
     num_gpus_per_node: int
     hardware: Literal["H100", "H200", "B200", "GB200"]
-    train_layout: TrainLayout
+    megatron: dict[str, Any]  # engine options of upstream's megatron layout (TP/PP/CP/EP/ETP, recompute, bf16, ...), applied under --train-backend megatron
+    hf_config: dict[str, Any]  # the model's config.json numbers (architecture, sizes): the memory plan's model before it is downloaded
     rollout_gpus_per_engine: int
     colocate: bool
     engine: dict[str, Any]  # engine options by field name, including sglang_* passthrough values

@@ -4,6 +4,9 @@
   plan in tests/sglang_backend/plans/X.txt (resolved options, placement, SGLang processes, env vars,
   prepare steps). After an intended change: `MILES_UPDATE_PLANS=1 pytest tests/sglang_backend/test_model_recipes.py`
   and review the diff.
+- each recipe's plan shows `--train-backend megatron` with upstream's layout as resolved values, a
+  memory plan that fits its hardware, and what the trainers cannot run yet; `train` exits 2 with
+  "cannot train yet"; `--train-backend torch` on qwen3-30b-a3b exits 2 with the memory arithmetic.
 - DeepSeek-V4-Flash turns --train-deterministic on by default, with its environment variables.
 - every environment variable a recipe sets is in docs/reference/env-vars.md.
 - the Hub prepare step: offline it is a user error naming the exact `hf download` command and the
@@ -59,6 +62,44 @@ def test_dry_run_plan_is_frozen(name, tmp_path):
     assert plan == snapshot.read_text(), f"the plan of {name} changed; rerun with MILES_UPDATE_PLANS=1 and review the diff"
     for needed in ("Prepare steps", "Placement", "Processes", "sglang.launch_server", "sglang_router.launch_router", "Dry run: nothing was started."):
         assert needed in plan, needed
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plan_shows_the_megatron_layout_the_memory_plan_and_what_cannot_train(name, tmp_path):
+    spec = RECIPES[name].SPEC
+    m = spec.megatron
+    r = dry_run(tmp_path, "full-train", "--model-name", name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    layout = (f"TP{m['tensor_model_parallel_size']} PP{m['pipeline_model_parallel_size']} CP{m['context_parallel_size']} "
+              f"EP{m['expert_model_parallel_size']} ETP{m['expert_tensor_parallel_size']}")
+    assert f"GPUs for training (--train-backend megatron: {layout})" in r.stdout
+    for option, value in m.items():  # every layout value is a resolved option of the run, set by the recipe
+        flag = "--" + option.replace("_", "-")
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        assert re.search(rf"│ {re.escape(flag)}\s+│ {re.escape(shown)}\s+│ recipe", r.stdout), (flag, shown)
+    assert re.search(rf"Memory plan \(megatron: {layout} DP\d+; {spec.hardware} [\d.]+ GiB per GPU\):", r.stdout)
+    assert "\n  fits.\n" in r.stdout
+    assert "Cannot train yet" in r.stdout and "--bf16 — both trainers train in fp32" in r.stdout
+    if spec.hf_config["architectures"][0] not in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        assert f"miles has no {spec.hf_config['architectures'][0]} family" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b", "kimi-k2"])
+def test_train_refuses_what_cannot_run_with_exit_2(name, tmp_path):
+    r = subprocess.run(MILES + ["train", "--model-name", name], capture_output=True, text=True, cwd=tmp_path, env=clean_env(), timeout=180)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot train yet: " in r.stderr and "Traceback" not in r.stderr
+    assert "--bf16" in r.stderr and "(--dry-run shows the whole plan)" in r.stderr
+    assert not (tmp_path / "runs").exists()  # nothing half-written
+
+
+def test_qwen3_30b_on_the_torch_backend_does_not_fit_and_says_the_arithmetic(tmp_path):
+    r = dry_run(tmp_path, "full-train", "--model-name", "qwen3-30b-a3b", "--train-backend", "torch")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "GPUs for training (--train-backend torch)" in r.stdout  # the megatron layout is not applied to torch
+    assert "trainer parameters: 113.7 GiB" in r.stdout  # 30.5B fp32 weights on every GPU
+    assert "Error: the memory plan does not fit H100 (torch: DP8): trainer " in r.stderr
+    assert "> 79.6 GiB. Options that would fit: --train-backend megatron" in r.stderr
 
 
 def test_deepseek_v4_trains_deterministically_by_default(tmp_path):

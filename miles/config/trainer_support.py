@@ -1,0 +1,125 @@
+"""What the trainers cannot run yet, in one place: each entry is a setting a plan may name and
+`train`/`full-train` refuse (exit 2, one sentence) until a trainer implements it.
+
+An option's declaration stays honest about what it would do; this table says which values of it
+no trainer runs today, why (the code that is missing), and what lifts the refusal. `--dry-run`
+prints the plan anyway, with a "Cannot train yet" line, so a recipe can describe the run it is meant
+for (upstream's layout) without pretending it starts. Help texts append `not_yet(option)`, so help and
+docs say the same. When a trainer implements a setting, delete its entry here (and nothing else).
+
+Pure data and small functions: no torch, so `miles --help` can read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from miles.errors import UserError
+
+_TE_PACKING = (
+    "packed sequences reach TransformerEngine without PackedSeqParams and its causal mask ignores the "
+    "block-diagonal mask, so packed samples would attend to each other"
+)
+
+
+@dataclass(frozen=True)
+class Gap:
+    option: str  # engine field name
+    refused: Callable[[Any], bool]  # value -> True when this value cannot run
+    backends: tuple[str, ...]  # --train-backend values the gap applies to
+    reason: str  # why it cannot run today (the missing code), a clause
+    lift: str  # what a trainer must implement to delete this entry
+    setting: str = ""  # how the refused value reads, e.g. "> 1" (empty: the flag itself)
+
+
+ALL = ("torch", "fsdp", "megatron")
+
+GAPS: tuple[Gap, ...] = (
+    Gap("bf16", bool, ALL,
+        "both trainers train in fp32: the torch backend loads fp32 weights and megatron builds its optimizer with bf16=False",
+        "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "
+        "MixedPrecisionPolicy on the torch backends, with weights sent to engines in the engine's dtype"),
+    Gap("use_dynamic_batch_size", bool, ALL,
+        "micro-batches are cut by sample count only (miles/backends/torch/batching.py)",
+        "token-budget micro-batches of --max-tokens-per-gpu, length-balanced over the data-parallel ranks, each rank "
+        "sent only its shard"),
+    Gap("context_parallel_size", lambda v: v > 1, ("megatron",),
+        "the megatron forward does not split the packed sequences over context-parallel ranks",
+        "CP sharding of the packed stream with PackedSeqParams (TransformerEngine attention) and CP-aware log-probs",
+        "> 1"),
+    Gap("expert_model_parallel_size", lambda v: v > 1, ("megatron",),
+        "no test has trained with experts split over ranks or synced them to an engine",
+        "tiny-qwen3-moe learning on megatron with EP=2 and --check-weight-update-equal passing", "> 1"),
+    Gap("expert_tensor_parallel_size", lambda v: v > 1, ("megatron",),
+        "the megatron backend does not pass an expert tensor-parallel size to megatron-core",
+        "ParallelOptions/initialize_model_parallel taking it, with expert weight gathers over the expert-TP group", "> 1"),
+    Gap("optimizer_cpu_offload", bool, ("megatron",),
+        "the megatron backend builds megatron-core's optimizer without CPU offload",
+        "OptimizerConfig(optimizer_cpu_offload=True, use_precision_aware_optimizer=True) with bf16"),
+    Gap("transformer_impl", lambda v: v == "transformer_engine", ("megatron",), _TE_PACKING,
+        "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "transformer_engine"),
+    Gap("attention_backend", lambda v: v in ("flash", "fused"), ("megatron",), _TE_PACKING,
+        "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "flash/fused"),
+    Gap("fp8_format", lambda v: v is not None, ("megatron",), "FP8 needs TransformerEngine, and " + _TE_PACKING,
+        "TransformerEngine packing (above) and bf16 master weights", "set"),
+)
+
+GPU_GAPS: dict[str, tuple[str, str]] = {
+    "megatron": (
+        "the megatron backend builds actor and reference on the CPU and never moves them to the GPU, and its metric "
+        "and pipeline/expert reductions run on CPU tensors, which NCCL refuses",
+        "models on the device (reference on the device or offloaded) and every collective on device tensors",
+    ),
+    "torch": (
+        "the torch backend all-reduces its metrics as CPU tensors, which NCCL refuses with more than one worker",
+        "metric reductions on device tensors (or a cuda:nccl,cpu:gloo group)",
+    ),
+}
+GPU_GAPS["fsdp"] = GPU_GAPS["torch"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def not_yet(option: str) -> str:
+    """The sentence an option's help appends while some of its values cannot run (empty when none)."""
+    gap = next((g for g in GAPS if g.option == option), None)
+    if gap is None:
+        return ""
+    which = f"{_flag(option)} {gap.setting}".strip()
+    backends = "any trainer" if gap.backends == ALL else "--train-backend " + "/".join(gap.backends)
+    return f" Not run by {backends} yet ({which}: {gap.reason}); train refuses it, --dry-run plans it."
+
+
+def gaps(cfg, *, gpu: bool, architecture: str | None = None) -> list[tuple[str, str]]:
+    """(flag, sentence) for every setting of `cfg` that no trainer runs yet; `gpu`: the run trains on GPUs;
+    `architecture`: the model's HF architecture when known (checked against the families miles trains)."""
+    backend = cfg.train.train_backend
+    out = []
+    if architecture is not None:
+        from miles.ckpt.convert.families import ARCHITECTURES, supported_architectures
+
+        if architecture not in ARCHITECTURES:
+            out.append(("--hf-checkpoint", f"miles has no {architecture} family in convert or the trainers (supported: {supported_architectures()})"))
+    by_reason: dict[str, list[str]] = {}  # settings refused for one reason share one sentence
+    for g in GAPS:
+        value = cfg.get(g.option)
+        if backend in g.backends and g.refused(value):
+            by_reason.setdefault(g.reason, []).append(_flag(g.option) + ("" if isinstance(value, bool) else f" {value}"))
+    out += [(settings[0].split()[0], f"{', '.join(settings)} — {reason}") for reason, settings in by_reason.items()]
+    world = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
+    if gpu and backend in GPU_GAPS and (backend == "megatron" or world > 1):
+        out.append(("--train-backend", f"--train-backend {backend} on GPUs — {GPU_GAPS[backend][0]}"))
+    return out
+
+
+def check(cfg, *, gpu: bool, architecture: str | None = None) -> None:
+    """Raise one UserError naming everything this run needs that no trainer runs yet."""
+    found = gaps(cfg, gpu=gpu, architecture=architecture)
+    if found:
+        raise UserError(
+            "cannot train yet: " + "; ".join(s for _, s in found) + " (--dry-run shows the whole plan).",
+            option=found[0][0],
+        )

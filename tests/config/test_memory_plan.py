@@ -1,0 +1,107 @@
+"""miles/config/memory_plan.py: the per-GPU arithmetic, the fit check and the fixes it proposes.
+
+Each number is checked against a hand computation on a small model (so a wrong factor, a missing
+shard or a dropped term shows), and every fix the plan proposes is checked to really fit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from miles.config.memory_plan import CUDA_CONTEXT, GiB, HARDWARE_MEMORY, plan_memory
+from miles.config.model_size import ModelSize
+from miles.config.resolve import build_config, resolve
+from recipes.catalog.models import QWEN3_4B, QWEN3_30B_A3B
+
+TINY = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 256, "vocab_size": 40, "tie_word_embeddings": True}
+
+
+def cfg(**values):
+    base = {"prompt_data": "p.jsonl", "rollout_batch_size": 8, "n_samples_per_prompt": 8, "global_batch_size": 64,
+            "num_rollout": 1, "actor_num_gpus_per_node": 8, "rollout_max_response_len": 100, "rollout_max_prompt_len": 28}
+    return resolve(build_config({**base, **values}, environ={}))
+
+
+def test_torch_ddp_fp32_holds_the_whole_model_with_adam():
+    m = ModelSize.from_hf_config(TINY)
+    p = plan_memory(cfg(), m, None)
+    assert p.trainer["parameters"] == m.total * 4 and p.trainer["gradients"] == m.total * 4
+    assert p.trainer["optimizer state"] == m.total * 8  # two fp32 moments
+    # one micro-batch of one sample of 128 tokens; per token and layer: 4h + 2(q + kv widths) + 3f, plus 2 x heads x seq
+    per_layer = 4 * 64 + 2 * 64 + 2 * 32 + 3 * 256 + 2 * 4 * 128
+    assert p.trainer["activations"] == 128 * 2 * per_layer * 4
+    assert p.trainer["logits"] == 128 * 40 * 8
+    assert p.capacity is None and p.fits  # no GPU named: nothing to check against
+
+
+def test_fsdp_shards_and_bf16_adds_a_master_copy():
+    m = ModelSize.from_hf_config(TINY)
+    fsdp = plan_memory(cfg(train_backend="fsdp", bf16=True), m, None)
+    assert fsdp.trainer["parameters"] == int(m.total / 8 * 2)
+    assert fsdp.trainer["optimizer state"] == int(m.total / 8 * 12)  # moments + fp32 master, 1/8 each
+
+
+def test_megatron_splits_layers_experts_and_the_optimizer():
+    m = ModelSize.from_hf_config(QWEN3_30B_A3B)
+    c = cfg(train_backend="megatron", tensor_model_parallel_size=4, expert_model_parallel_size=8, bf16=True,
+            use_distributed_optimizer=True)
+    p = plan_memory(c, m, "H100")
+    dense = (m.layer_total + m.embedding + m.output_head + m.final_norm) / 4
+    experts = m.routed_expert_total / 8
+    assert p.trainer["parameters"] == int((dense + experts) * 2)
+    assert p.trainer["gradients"] == int((dense + experts) * 4)
+    # DP = 8 / TP4 = 2 for the dense part; expert DP = 8 / EP8 = 1
+    assert p.trainer["optimizer state"] == int(12 * (dense / 2 + experts / 1))
+    off = plan_memory(cfg(train_backend="megatron", tensor_model_parallel_size=4, expert_model_parallel_size=8, bf16=True,
+                          optimizer_cpu_offload=True), m, "H100")
+    assert off.trainer["optimizer state"] == 0
+
+
+def test_recompute_and_flash_shrink_activations():
+    m = ModelSize.from_hf_config(QWEN3_4B)
+    base = dict(train_backend="megatron", tensor_model_parallel_size=2, bf16=True, rollout_max_response_len=4000)
+    stored = plan_memory(cfg(**base), m, None).trainer["activations"]
+    flash = plan_memory(cfg(**base, attention_backend="flash"), m, None).trainer["activations"]
+    full = plan_memory(cfg(**base, attention_backend="flash", recompute_granularity="full", recompute_method="uniform",
+                           recompute_num_layers=1), m, None).trainer["activations"]
+    assert full < flash < stored
+    # full recompute of single layers: each layer's input (h per token) + one layer rebuilt
+    assert full == pytest.approx(4028 * (36 * 2560 + (4 * 2560 + (2 * 4096 + 2 * 1024 + 3 * 9728) / 2)) * 2, rel=1e-6)
+
+
+def test_qwen3_30b_on_torch_does_not_fit_an_h100_and_every_fix_fits():
+    m = ModelSize.from_hf_config(QWEN3_30B_A3B)
+    c = cfg(rollout_max_response_len=8192, rollout_max_prompt_len=1024, colocate=True)
+    p = plan_memory(c, m, "H100")
+    assert not p.fits
+    assert f"> {HARDWARE_MEMORY['H100'] / GiB:.1f} GiB" in p.problems[0]
+    assert p.fixes and "together" in p.fixes[0]
+    assert p.trainer["parameters"] == m.total * 4  # 30.5B fp32 weights on every GPU: 114 GiB alone
+
+
+def test_a_proposed_single_fix_really_fits():
+    m = ModelSize.from_hf_config(QWEN3_4B)
+    c = cfg(train_backend="megatron", tensor_model_parallel_size=2, rollout_max_response_len=2000)
+    hw = "H100"
+    p = plan_memory(c, m, hw)
+    if p.fits:  # make it too big first: fp32 on a smaller budget
+        c = cfg(train_backend="megatron", tensor_model_parallel_size=1, rollout_max_response_len=8000, attention_backend="auto")
+        p = plan_memory(c, m, hw)
+    assert not p.fits and p.fixes
+    from miles.config.memory_plan import _variants
+
+    variants = dict(_variants(c))
+    for fix in p.fixes:
+        if fix in variants:
+            assert plan_memory(variants[fix], m, hw, suggest=False).fits, fix
+
+
+def test_engine_weights_must_fit_its_share():
+    m = ModelSize.from_hf_config(QWEN3_30B_A3B)
+    c = cfg(rollout_backend="sglang", rollout_num_gpus_per_engine=1, sglang_mem_fraction_static=0.5, train_backend="megatron",
+            tensor_model_parallel_size=8, expert_model_parallel_size=8, bf16=True, optimizer_cpu_offload=True)
+    p = plan_memory(c, m, "H100")
+    assert p.engine["weights"] == int(m.total * 2)  # one GPU holds the whole bf16 checkpoint
+    assert any("exceed its share" in x for x in p.problems)
+    assert p.trainer["CUDA context"] == CUDA_CONTEXT
