@@ -130,11 +130,12 @@ def lora_parameters(cfg, m: ModelSize) -> int:
     r, h, f = cfg.lora.lora_rank, m.hidden_size, m.ffn_hidden_size
     shapes = {"q_proj": (h, m.query_width), "k_proj": (h, m.kv_width), "v_proj": (h, m.kv_width), "o_proj": (m.query_width, h),
               "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-    attention = sum(r * sum(shapes[n]) for n in target_module_names(cfg.lora) if n in shapes and n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")))
-    mlp = sum(r * sum(shapes[n]) for n in target_module_names(cfg.lora) if n in ("gate_proj", "up_proj", "down_proj"))
+    names = target_module_names(cfg.lora)
+    attention = sum(r * sum(shapes[n]) for n in names if n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp_names = [n for n in names if n in ("gate_proj", "up_proj", "down_proj")]
     dense = m.num_dense_layers if m.num_experts else m.num_layers
-    experts = m.num_moe_layers * m.num_experts * mlp * m.moe_ffn_hidden_size / max(f, 1)  # each expert's own projections, approx.
-    return int(m.num_layers * attention + dense * mlp + experts)
+    expert = len(mlp_names) * r * (h + m.moe_ffn_hidden_size)  # every routed expert has its own projections
+    return int(m.num_layers * attention + dense * sum(r * sum(shapes[n]) for n in mlp_names) + m.num_moe_layers * m.num_experts * expert)
 
 
 def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, int]:

@@ -182,3 +182,14 @@ def test_start_from_a_peft_adapter(tiny_hf_dir, tmp_path):
     a, b = adapter(t), adapter(warm)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert all(p.requires_grad for n, p in warm.model.named_parameters() if "lora_" in n)
+
+
+def test_the_memory_plan_counts_the_adapters_the_trainer_builds(tiny_hf_dir):
+    from miles.config.memory_plan import lora_parameters
+    from miles.config.model_size import ModelSize, read_config
+
+    for targets in (("all-linear",), ("q_proj", "v_proj"), ("gate_proj,down_proj",)):
+        cfg = lora_cfg(tiny_hf_dir, rank=4, targets=targets)
+        size = ModelSize.from_hf_config(read_config(tiny_hf_dir))
+        t = TorchBackend(cfg, rank=0, world_size=1, device="cpu")
+        assert lora_parameters(cfg, size) == t.parameter_metrics()["train/trainable_params"], targets
