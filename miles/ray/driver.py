@@ -212,7 +212,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
 
             line = parameter_line(wait(workers[0].parameter_metrics.remote(), "training rank 0 to count its parameters"), cfg)
             if line:
-                get_console().print(line, markup=False, highlight=False)
+                get_console().print(line, markup=False, highlight=False, soft_wrap=True)
             return workers
 
         # The trainers need nothing from the manager unless --num-epoch leaves the step count to the

@@ -134,6 +134,20 @@ def test_lora_checkpoint_holds_only_the_adapter_and_resumes_bit_for_bit(tiny_hf_
             assert torch.equal(s_opt[k][name], r_opt[k][name]), (k, name)
 
 
+def test_a_tied_head_is_not_in_the_adapter_checkpoint(tiny_tied_hf_dir, tmp_path):
+    from miles.backends.torch.checkpoint import saved_keys
+
+    t = lora_trainer(tiny_tied_hf_dir, lr=5e-2)
+    train_rollout(t, make_train_data(4, seed=1), rollout_id=0)
+    t.save_checkpoint(str(tmp_path / "ckpt"))
+    keys = {k for k in saved_keys(str(tmp_path / "ckpt")) if k.startswith("model.")}
+    assert keys and all(".lora_" in k for k in keys), sorted(k for k in keys if ".lora_" not in k)
+    resumed = lora_trainer(tiny_tied_hf_dir, lr=5e-2)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    a, b = adapter(t), adapter(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_full_checkpoint_does_not_load_into_a_lora_run_and_back(tiny_hf_dir, tmp_path):
     from miles.errors import UserError
 

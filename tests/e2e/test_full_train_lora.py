@@ -60,7 +60,9 @@ def test_lora_run_trains_the_adapter_only_and_a_killed_run_resumes_bit_identical
 
     straight = run(["full-train", *COMMON, "--save-interval", "2", *warm(warm_start, work, "straight")], work)
     run_dir = work / "runs" / "straight"
-    assert "Trainer: LoRA (rank 8, alpha 16 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)" in straight.stdout
+    line = next((ln for ln in straight.stdout.splitlines() if ln.startswith("Trainer: ")), "")
+    assert line.startswith("Trainer: LoRA (rank 8, alpha 16 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj): "), straight.stdout[:3000]
+    assert "parameters train (" in line and "optimizer state" in line
     lr = json.loads((run_dir / "options.json").read_text())["options"]["--lr"]
     assert float(lr["value"]) == LORA_LR and lr["source"] == "recipe", lr  # the recipe's LoRA learning rate
     logged = [r for r in rows(run_dir) if "train/trainable_share" in r]

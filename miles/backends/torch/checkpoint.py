@@ -62,9 +62,19 @@ def _options(adapter_only: bool) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=adapter_only, strict=not adapter_only)
 
 
+def _model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, adapter_only: bool) -> tuple[dict, dict]:
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(adapter_only))
+    if adapter_only:
+        # ignore_frozen_params keeps a frozen tied head (lm_head.weight, the embedding under a second
+        # name): only the trainable tensors are the adapter's.
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
+
+
 def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int,
          adapter_only: bool = False) -> None:
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(adapter_only))
+    model_sd, optim_sd = _model_state(model, optimizer, adapter_only)
     state = {
         "model": model_sd,
         "optimizer": optim_sd,
@@ -100,7 +110,7 @@ def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optim
         raise FileNotFoundError(f"{directory} is not a torch.distributed.checkpoint directory (no {METADATA})")
     _check_kind(directory, adapter_only)
     options = _options(adapter_only)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    model_sd, optim_sd = _model_state(model, optimizer, adapter_only)
     state: dict = {
         "model": model_sd,
         "optimizer": optim_sd,
