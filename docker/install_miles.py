@@ -5,7 +5,7 @@ it runs on whatever Python the base image ships):
 
     python3 docker/install_miles.py check --cuda-major 13      # the base torch is a CUDA 13 build
     python3 docker/install_miles.py check --gpu-arch gfx950    # the base torch is a ROCm build for gfx950
-    python3 docker/install_miles.py check --sglang-pins miles/rollout/sglang/__init__.py  # sglang/router = miles' pins
+    python3 docker/install_miles.py check --sglang-pins miles/sglang_spec/__init__.py  # sglang/router = miles' pins
     python3 docker/install_miles.py deps /root/miles           # pyproject dependencies, base pins kept
     python3 docker/install_miles.py package /root/miles        # `pip install --no-deps` of the checkout
 
@@ -105,7 +105,7 @@ def install_package(checkout: Path) -> None:
 
 
 def pinned_versions(pins_file: Path) -> dict:
-    """{"sglang": "0.5.23", "sglang-router": "0.3.2"} from miles/rollout/sglang/__init__.py."""
+    """{"sglang": "0.5.23", "sglang-router": "0.3.2"} from miles/sglang_spec/__init__.py."""
     text = pins_file.read_text()
     found = {}
     for key, dist in (("SGLANG_VERSION", "sglang"), ("SGLANG_ROUTER_VERSION", "sglang-router")):
@@ -116,7 +116,7 @@ def pinned_versions(pins_file: Path) -> dict:
     return found
 
 
-PINS_IN_CHECKOUT = "miles/rollout/sglang/__init__.py"
+PINS_IN_CHECKOUT = "miles/sglang_spec/__init__.py"
 
 
 def check_pins(pins_file: Path) -> None:
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     check = sub.add_parser("check", help="verify the base image's torch matches the variant")
     check.add_argument("--cuda-major", type=int)
     check.add_argument("--gpu-arch")
-    check.add_argument("--sglang-pins", type=Path, help="miles/rollout/sglang/__init__.py: fail unless the image has those versions")
+    check.add_argument("--sglang-pins", type=Path, help="miles/sglang_spec/__init__.py: fail unless the image has those versions")
     for name in ("deps", "package"):
         sub.add_parser(name).add_argument("checkout", type=Path)
     args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence, get_args
 
 from miles.errors import UserError
-from miles.rollout.sglang import SGLANG_VERSION
+from miles.sglang_spec import SGLANG_VERSION
 
 VariantName = Literal[
     "cu13", "cu13-x86", "cu13-aarch64", "cu12-x86", "rocm700-mi30x", "rocm700-mi35x", "rocm720-mi35x"
@@ -70,7 +70,7 @@ class Variant:
 
 
 _MILES = "radixark/miles"
-# Every variant builds on SGLang's release image of the one pinned version (miles/rollout/sglang), so the
+# Every variant builds on SGLang's release image of the one pinned version (miles/sglang_spec), so the
 # `--sglang-*` options generated from that version's ServerArgs are the flags its servers accept.
 SGLANG_TAG = f"v{SGLANG_VERSION}"
 _ROCM = "rocm/sgl-dev"

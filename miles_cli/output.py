@@ -118,6 +118,8 @@ def print_plan(inv) -> None:
         + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
         highlight=False,
     )
+    # The values derived from the options (miles/config/layout.py), as the run will use them.
+    console.print(f"[bold]Resolved[/bold]: {inv.config.layout.describe()}", highlight=False, soft_wrap=True)
     print_memory_and_gaps(inv)
     if inv.config.rollout.rollout_backend == "sglang":
         import shlex

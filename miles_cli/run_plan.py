@@ -52,11 +52,12 @@ def memory_plan(inv):
 
 
 def trainer_gaps(inv) -> list[tuple[str, str]]:
+    from miles.ckpt.convert.families import ARCHITECTURES
     from miles.config.trainer_support import gaps
 
     config = model_config(inv) or {}
     arch = (config.get("architectures") or [None])[0]
-    return gaps(inv.config, gpu=on_gpu(inv), architecture=arch)
+    return gaps(inv.config, gpu=on_gpu(inv), architecture=arch, families=ARCHITECTURES)
 
 
 def check_memory(inv, plan=None) -> None:
@@ -73,8 +74,9 @@ def check_memory(inv, plan=None) -> None:
 
 def check_can_train(inv) -> None:
     """`train`/`full-train`: refuse what no trainer runs yet, then a plan that cannot fit."""
+    from miles.ckpt.convert.families import ARCHITECTURES
     from miles.config.trainer_support import check
 
     config = model_config(inv) or {}
-    check(inv.config, gpu=on_gpu(inv), architecture=(config.get("architectures") or [None])[0])
+    check(inv.config, gpu=on_gpu(inv), architecture=(config.get("architectures") or [None])[0], families=ARCHITECTURES)
     check_memory(inv)

@@ -20,8 +20,8 @@
 # (the test passes these as --sglang-* options). SGLang's CPU path is not one it supports officially.
 set -euo pipefail
 ENV_DIR="${1:-.sglang-cpu}"
-SGLANG=$(python3 -c "import re,pathlib;print(re.search(r'^SGLANG_VERSION = \"(.+)\"',pathlib.Path('miles/rollout/sglang/__init__.py').read_text(),re.M).group(1))")
-ROUTER=$(python3 -c "import re,pathlib;print(re.search(r'^SGLANG_ROUTER_VERSION = \"(.+)\"',pathlib.Path('miles/rollout/sglang/__init__.py').read_text(),re.M).group(1))")
+SGLANG=$(python3 -c "import re,pathlib;print(re.search(r'^SGLANG_VERSION = \"(.+)\"',pathlib.Path('miles/sglang_spec/__init__.py').read_text(),re.M).group(1))")
+ROUTER=$(python3 -c "import re,pathlib;print(re.search(r'^SGLANG_ROUTER_VERSION = \"(.+)\"',pathlib.Path('miles/sglang_spec/__init__.py').read_text(),re.M).group(1))")
 python3.11 -m venv "$ENV_DIR"
 PY="$ENV_DIR/bin/python"
 "$PY" -m pip install --upgrade pip packaging

@@ -91,6 +91,21 @@ class EngineConfig:
         """Every option as `{field_name: value}` in help order (for tables, MLflow params, dumps)."""
         return {s.name: self.get(s.name) for s in option_specs()}
 
+    @property
+    def layout(self) -> Any:
+        """The run's derived layout (`miles.config.layout.RunLayout`): the one `resolve()` stored, or,
+        for a configuration made without it (tests, in-process use), the layout of its current values."""
+        stored = self.__dict__.get("_layout")
+        if stored is not None:
+            return stored
+        from miles.config.layout import run_layout
+
+        return run_layout(self)
+
+    @layout.setter
+    def layout(self, value: Any) -> None:
+        self.__dict__["_layout"] = value
+
 
 @dataclass(frozen=True)
 class OptionSpec:

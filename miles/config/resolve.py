@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Mapping
 
+from miles.config.data import rollouts_for_epochs
 from miles.config.engine import EngineConfig, option_specs, spec
+from miles.config.layout import engine_layout, run_layout
 from miles.config.values import format_value, parse_scalar
 from miles.errors import UserError
 
@@ -61,6 +63,24 @@ def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
             )
     fill_derived(cfg)
     _check(cfg, purpose)
+    cfg.layout = run_layout(cfg)
+    return cfg
+
+
+def resolve_num_rollout(cfg: EngineConfig, num_prompts: int) -> EngineConfig:
+    """--num-epoch: the number of steps once the dataset's size is known (the driver reads it from the
+    rollout manager), then every option derived from it (the LR decay length) and the layout."""
+    d = cfg.data
+    d.num_rollout = rollouts_for_epochs(num_prompts, d.num_epoch, d.rollout_batch_size)
+    fill_derived(cfg)
+    cfg.layout = run_layout(cfg, device=cfg.layout.device)
+    return cfg
+
+
+def resolve_device(cfg: EngineConfig, device: str) -> EngineConfig:
+    """The device the run picked (--device auto: CUDA when visible), and the offload settings as they take
+    effect there."""
+    cfg.layout = run_layout(cfg, device=device)
     return cfg
 
 
@@ -139,8 +159,6 @@ def _check_tensor_transfer(cfg: EngineConfig) -> None:
     )
     if c.device == "cuda":  # with "auto" the sender checks once it holds a CUDA tensor
         if _sglang_engines(cfg):
-            from miles.rollout.sglang.launch import engine_layout
-
             engines = engine_layout(cfg).num_engines
         else:
             engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine
@@ -164,11 +182,10 @@ def _check_megatron(cfg: EngineConfig) -> None:
             flag = "--" + name.replace("_", "-")
             _require(cfg.get(name) == spec(name).default, f"{flag} applies only to --train-backend megatron; add that or drop {flag}.", flag)
         return
-    from miles.backends.megatron.parallel import check_hardware, check_layout
+    from miles.config.megatron_checks import check_hardware, check_layout
 
     c = cfg.cluster
-    world = c.actor_num_nodes * c.actor_num_gpus_per_node
-    check_layout(cfg, world)
+    check_layout(cfg, c.actor_num_nodes * c.actor_num_gpus_per_node)
     if c.device == "cpu":  # with "auto" the trainer checks once it knows the device
         check_hardware(cfg, cuda=False)
 

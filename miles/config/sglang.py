@@ -2,7 +2,7 @@
 
 Every command-line field of the pinned SGLang `ServerArgs` (and of sglang-router's `RouterArgs`)
 becomes one miles option, declared like any other (`option(...)`) on two dataclasses built here from
-the checked-in snapshots (miles/rollout/sglang/server_args.json, router_args.json). A field's
+the checked-in snapshots (miles/sglang_spec/server_args.json, router_args.json). A field's
 option is `sglang_<field>` (flag `--sglang-<field>`, e.g. `--sglang-mem-fraction-static`), its
 default is SGLang's own, and only values that differ from SGLang's default reach the server's argv
 (miles/rollout/sglang/launch.py), under SGLang's own flag name.
@@ -21,8 +21,7 @@ from typing import Any, Literal, Optional
 
 from miles.config.fields import option
 from miles.errors import UserError
-from miles.rollout.sglang import SGLANG_ROUTER_VERSION, SGLANG_VERSION
-from miles.rollout.sglang.snapshot import router_fields, server_fields
+from miles.sglang_spec import SGLANG_ROUTER_VERSION, SGLANG_VERSION, router_fields, server_fields
 
 SERVER_PREFIX = "sglang_"
 GROUPS = ("sglang_launch", "sglang", "sglang_router")  # their attributes on EngineConfig

@@ -13,6 +13,7 @@ Pure data and small functions: no torch, so `miles --help` can read it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any, Callable
 
 from miles.errors import UserError
@@ -41,7 +42,7 @@ GAPS: tuple[Gap, ...] = (
         "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "
         "MixedPrecisionPolicy on the torch backends, with weights sent to engines in the engine's dtype"),
     Gap("use_dynamic_batch_size", bool, ALL,
-        "micro-batches are cut by sample count only (miles/backends/torch/batching.py)",
+        "micro-batches are cut by sample count only (miles/train/batching.py, cut_micro_batches)",
         "token-budget micro-batches of --max-tokens-per-gpu, length-balanced over the data-parallel ranks, each rank "
         "sent only its shard"),
     Gap("context_parallel_size", lambda v: v > 1, ("megatron",),
@@ -93,16 +94,17 @@ def not_yet(option: str) -> str:
     return f" Not run by {backends} yet ({which}: {gap.reason}); train refuses it, --dry-run plans it."
 
 
-def gaps(cfg, *, gpu: bool, architecture: str | None = None) -> list[tuple[str, str]]:
+def gaps(
+    cfg, *, gpu: bool, architecture: str | None = None, families: Collection[str] = ()
+) -> list[tuple[str, str]]:
     """(flag, sentence) for every setting of `cfg` that no trainer runs yet; `gpu`: the run trains on GPUs;
-    `architecture`: the model's HF architecture when known (checked against the families miles trains)."""
+    `architecture`: the model's HF architecture when known, checked against `families` (the architectures
+    miles trains; the caller reads them from miles.ckpt.convert.families, which imports config)."""
     backend = cfg.train.train_backend
     out = []
-    if architecture is not None:
-        from miles.ckpt.convert.families import ARCHITECTURES, supported_architectures
-
-        if architecture not in ARCHITECTURES:
-            out.append(("--hf-checkpoint", f"miles has no {architecture} family in convert or the trainers (supported: {supported_architectures()})"))
+    if architecture is not None and architecture not in families:
+        supported = ", ".join(sorted(families))
+        out.append(("--hf-checkpoint", f"miles has no {architecture} family in convert or the trainers (supported: {supported})"))
     by_reason: dict[str, list[str]] = {}  # settings refused for one reason share one sentence
     for g in GAPS:
         value = cfg.get(g.option)
@@ -115,9 +117,9 @@ def gaps(cfg, *, gpu: bool, architecture: str | None = None) -> list[tuple[str, 
     return out
 
 
-def check(cfg, *, gpu: bool, architecture: str | None = None) -> None:
+def check(cfg, *, gpu: bool, architecture: str | None = None, families: Collection[str] = ()) -> None:
     """Raise one UserError naming everything this run needs that no trainer runs yet."""
-    found = gaps(cfg, gpu=gpu, architecture=architecture)
+    found = gaps(cfg, gpu=gpu, architecture=architecture, families=families)
     if found:
         raise UserError(
             "cannot train yet: " + "; ".join(s for _, s in found) + " (--dry-run shows the whole plan).",

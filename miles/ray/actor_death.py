@@ -3,7 +3,7 @@
     except ray.exceptions.RayActorError as e:
         raise ActorDied(describe(e, "training on rollout 3")) from None
 
-Which actor it was comes from the label `miles.ray.hosting.remote_object` registered for its actor
+Which actor it was comes from the label `miles.ray.hosting.start_actor` registered for its actor
 id ("training worker 0", "the rollout manager"); the pid from Ray's error; the log lines from Ray's
 worker log files of that pid in the current session (`<session>/logs/worker-*-<pid>.{out,err}`).
 """

@@ -45,11 +45,6 @@ from miles.sample import Sample, SampleStatus
 from miles.utils.load_function import load_function
 
 
-# `--rollout-backend sglang` runs here: make_engine gives an EngineFleet of SGLang servers
-# (miles/rollout/sglang/server_actor.py); miles/rollout/sglang/preflight.py checks this flag.
-DRIVES_SGLANG = True
-
-
 def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "train") -> int:
     digest = hashlib.sha256(f"{purpose}:{base}:{rollout_id}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "little")

@@ -1,13 +1,17 @@
-"""The training worker group: one `TrainWorker` per training rank, as Ray actors.
+"""The training worker group: one `TrainWorker` per training rank, each a `TrainWorkerActor`, and the
+`TrainGroup` that calls every rank at once.
 
 Each worker holds one rank of the backend that `--train-backend` names (`torch` and `fsdp`:
 `miles.backends.torch.TorchBackend`, DDP or FSDP2; `megatron`: `miles.backends.megatron.MegatronTrainer`), behind
 the `miles.backends.base.TrainerBackend` interface. Start-up is two calls, because the process group
 must exist before a backend is built:
 
-    workers = [remote_object(TrainWorker, cfg, rank=r, world_size=n, device=d) for r in range(n)]
-    addr, port = wait(workers[0].rendezvous_address.remote())   # rank 0's node IP (Ray) and a port there
-    wait([w.start.remote(addr, port) for w in workers])         # init_process_group, build the backend
+    group = TrainGroup.start(cfg, TrainWorkerActor, device=d, actor_options=lambda rank: {...})   # the actors, then:
+    addr, port = rank 0's rendezvous_address()      # rank 0's node IP (Ray) and a port there
+    every rank: start(addr, port)                   # init_process_group, build the backend
+
+`TrainGroup` fans each call out to every rank and waits for all of them with the driver's timeouts,
+naming what it waited for (a rank that dies is reported at once, see miles/ray/waiting.py).
 
 Multi-node: the address is the IP of the node rank 0 runs on, as Ray sees it
 (`ray.util.get_node_ip_address()` inside the rank-0 actor), and the port is free on that node, so
@@ -20,25 +24,18 @@ driver calls them on every worker; the weight source (rank 0) hands its buckets 
 from __future__ import annotations
 
 import os
-import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
+from miles.utils.net import free_port
 
 if TYPE_CHECKING:
     from miles.backends.base import TrainerBackend
 
 RENDEZVOUS_TIMEOUT_MIN = 10
-
-
-def free_port(host: str = "") -> int:
-    """A TCP port that is free on this node right now (bound on all interfaces, then released)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def node_ip_address() -> str:
@@ -141,3 +138,66 @@ class TrainWorker:
         if not self.backend.is_weight_source:
             return None
         return str(export_hf(weights, self.cfg.rollout.hf_checkpoint, out_dir))
+
+
+class TrainGroup:
+    """Every training rank of the run, called as one: each method calls the same method on every
+    `TrainWorkerActor` and waits for all of them (the driver's timeouts, a sentence naming the wait)."""
+
+    def __init__(self, actors: list, *, step_timeout_s: float | None = None):
+        from miles.ray.waiting import STEP_TIMEOUT_S
+
+        self.actors = actors  # HostedActor per rank (miles/ray/hosting.py)
+        self.handles = [a.handle for a in actors]
+        self.step_timeout_s = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+
+    @classmethod
+    def start(cls, cfg: EngineConfig, actor_class, *, device: str, actor_options: Callable[[int], dict[str, Any]]) -> "TrainGroup":
+        """Start one `actor_class` (`miles.ray.actors.TrainWorkerActor`) per rank, rendezvous at rank 0's
+        node (its IP as Ray sees it, a port free there), then build the backends (every rank loads the model)."""
+        from miles.ray.hosting import start_actor
+        from miles.ray.waiting import ACTOR_START_TIMEOUT_S, wait
+
+        world = cfg.layout.train_ranks
+        actors = [
+            start_actor(actor_class, cfg, rank=r, world_size=world, device=device, label=f"the TrainWorker of rank {r}",
+                        actor_options=actor_options(r))
+            for r in range(world)
+        ]
+        wait([a.ready_ref for a in actors], "the training workers to start", ACTOR_START_TIMEOUT_S)
+        group = cls(actors)
+        master = wait(group.handles[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
+        group._all([h.start.remote(*master) for h in group.handles], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+        return group
+
+    def _all(self, refs: list, what: str, timeout: float | None = None) -> list:
+        from miles.ray.waiting import wait
+
+        return wait(refs, what, self.step_timeout_s if timeout is None else timeout)
+
+    def train(self, data_ref, rollout_id: int) -> dict[str, float]:
+        """One RL step on every rank; rank 0's metrics (they are reduced across ranks already)."""
+        return self._all([h.train.remote(data_ref, rollout_id) for h in self.handles], f"training on rollout {rollout_id}")[0]
+
+    def parameter_metrics(self) -> dict[str, float]:
+        """Rank 0's parameter counts and optimizer memory (`TrainerBackend.parameter_metrics`)."""
+        return self._all([self.handles[0].parameter_metrics.remote()], "training rank 0 to count its parameters")[0]
+
+    def offload(self) -> None:
+        self._all([h.offload.remote() for h in self.handles], "the trainer to move to host memory")
+
+    def onload(self) -> None:
+        self._all([h.onload.remote() for h in self.handles], "the trainer to move back to the device")
+
+    def weights_checksum(self) -> str:
+        """The trainer's checksum (a collective: every rank takes part; rank 0's answer)."""
+        return self._all([h.weights_checksum.remote() for h in self.handles], "the trainer's weight checksum")[0]
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all([h.save_checkpoint.remote(directory) for h in self.handles], f"the training workers to write their checkpoint shards into {directory}")
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all([h.load_checkpoint.remote(directory) for h in self.handles], f"the training workers to load {directory}")
+
+    def export_hf(self, out_dir: str) -> None:
+        self._all([h.export_hf.remote(out_dir) for h in self.handles], "the Hugging Face export")

@@ -7,17 +7,16 @@ Run through `run_workers(world, fn_args, timeout)` (torch.multiprocessing spawn,
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from pathlib import Path
 
 import torch
 
+from miles.utils.net import free_port as _net_free_port
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _net_free_port("127.0.0.1")
 
 
 def build_gpt(shape):

@@ -56,9 +56,11 @@ def test_gpu_gaps_and_unknown_architectures():
     assert [f for f, _ in gaps(cfg(train_backend="megatron"), gpu=True)] == ["--train-backend"]
     assert gaps(cfg(train_backend="torch", actor_num_gpus_per_node=1, global_batch_size=8), gpu=True) == []  # one worker: no reduction
     assert [f for f, _ in gaps(cfg(), gpu=True)] == ["--train-backend"]  # 4 torch workers reduce metrics over NCCL
-    found = gaps(cfg(), gpu=False, architecture="DeepseekV3ForCausalLM")
+    from miles.ckpt.convert.families import ARCHITECTURES
+
+    found = gaps(cfg(), gpu=False, architecture="DeepseekV3ForCausalLM", families=ARCHITECTURES)
     assert found[0][0] == "--hf-checkpoint" and "DeepseekV3ForCausalLM" in found[0][1]
-    assert gaps(cfg(), gpu=False, architecture="Qwen3MoeForCausalLM") == []
+    assert gaps(cfg(), gpu=False, architecture="Qwen3MoeForCausalLM", families=ARCHITECTURES) == []
 
 
 def test_token_budget_options_come_together():

@@ -56,9 +56,9 @@ def test_tiny_recipe_runs_with_trainer_and_engine_on_different_nodes(cluster, tm
     assert {row["step"] for row in rows} >= {1, 2, 3}
 
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    # The run's actors (miles/ray/hosting.py hosts each object in a `_Host` actor): exactly the training
-    # worker and the rollout manager, which owns the engine. Two actors on two nodes = trainer and engine apart.
-    actors = [a for a in ray._private.state.actors().values() if a.get("ActorClassName") == "_Host"]
+    # The run's actors, by class (miles/ray/actors.py): exactly the training worker and the rollout
+    # manager, which owns the engine. Two actors on two nodes = trainer and engine apart.
+    actors = [a for a in ray._private.state.actors().values() if a.get("ActorClassName") in ("TrainWorkerActor", "RolloutManagerActor")]
     assert len(actors) == 2, actors
     nodes = [a["Address"]["NodeID"] for a in actors]
     assert nodes[0] != nodes[1]

@@ -110,10 +110,10 @@ def test_a_killed_worker_ends_the_run_naming_it_and_releases_the_placement_group
     import ray
 
     from miles.ray.actor_death import ActorDied
-    from miles.ray.hosting import _HOSTED, actor_label
+    from miles.ray.hosting import hosted_actors
 
     run_dir = tmp_path / "killed"
-    hosted_before = len(_HOSTED)
+    hosted_before = len(hosted_actors())
 
     def kill_the_worker_after_a_step():
         deadline = time.monotonic() + 600
@@ -122,14 +122,18 @@ def test_a_killed_worker_ends_the_run_naming_it_and_releases_the_placement_group
             if path.exists() and any(json.loads(x)["step"] >= 1 for x in path.read_text().splitlines() if x.strip()):
                 break
             time.sleep(0.1)
-        worker = next(o for o in _HOSTED[hosted_before:] if actor_label(o._handle._actor_id.hex()) == "the TrainWorker of rank 0")
-        ray.kill(worker._handle, no_restart=True)
+        # Ray shows the run's actors by their role's class (what `ray list actors` lists with a dashboard).
+        alive.update(a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] == "ALIVE")
+        worker = next(a for a in hosted_actors()[hosted_before:] if a.label == "the TrainWorker of rank 0")
+        ray.kill(worker.handle, no_restart=True)
 
+    alive: set[str] = set()
     killer = threading.Thread(target=kill_the_worker_after_a_step, daemon=True)
     killer.start()
     with pytest.raises(ActorDied, match=r"^the TrainWorker of rank 0 \(pid \d+\) died while the driver waited for "):
         run_training(config(files, run_dir, num_rollout=200), run_dir=run_dir, run_id="killed")
     killer.join(timeout=60)
+    assert {"TrainWorkerActor", "RolloutManagerActor"} <= alive, alive
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 

@@ -50,13 +50,14 @@ class DriverTraffic:
     """Counts the pickled bytes the driver sends to actors and gets back from them during weight syncs."""
 
     def __init__(self, monkeypatch):
+        import ray.actor
+
         import miles.ray.driver as driver
-        from miles.ray import hosting
 
         self.bytes = 0
         self.syncs = 0
         self._on = False
-        remote, wait, update = hosting._Method.remote, driver.wait, driver._update_weights
+        remote, wait, update = ray.actor.ActorMethod.remote, driver.wait, driver._update_weights
 
         def counted_remote(method, *args, **kwargs):
             if self._on:
@@ -76,7 +77,7 @@ class DriverTraffic:
             finally:
                 self._on = False
 
-        monkeypatch.setattr(hosting._Method, "remote", counted_remote)
+        monkeypatch.setattr(ray.actor.ActorMethod, "remote", counted_remote)
         monkeypatch.setattr(driver, "wait", counted_wait)
         monkeypatch.setattr(driver, "_update_weights", counted_update)
 

@@ -9,17 +9,18 @@ import pytest
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
-from miles.ray.train_group import TrainWorker, make_backend
+from miles.ray.train_group import make_backend
 
 
 def test_rendezvous_address_is_rank_zeros_ray_node_ip(ray_session):
     import ray
 
-    from miles.ray.hosting import remote_object
+    from miles.ray.actors import TrainWorkerActor
+    from miles.ray.hosting import start_actor
 
-    worker = remote_object(TrainWorker, EngineConfig(), rank=0, world_size=2, device="cpu", actor_options={"num_cpus": 0})
+    worker = start_actor(TrainWorkerActor, EngineConfig(), rank=0, world_size=2, device="cpu", label="rank 0", actor_options={"num_cpus": 0})
     ray.get(worker.ready_ref, timeout=120)
-    addr, port = ray.get(worker.rendezvous_address.remote(), timeout=60)
+    addr, port = ray.get(worker.handle.rendezvous_address.remote(), timeout=60)
     node_ips = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     assert addr in node_ips, (addr, node_ips)  # the address other nodes reach, not a loopback guess
     with socket.socket() as s:  # the port is free on that node (this test runs on the same node)

@@ -1,6 +1,6 @@
 """One SGLang version everywhere, and a GPU install that resolves.
 
-- the pins in miles/rollout/sglang/__init__.py are the ones in requirements/gpu.txt, in both field
+- the pins in miles/sglang_spec/__init__.py are the ones in requirements/gpu.txt, in both field
   snapshots, in every Docker variant's base image tag and in the Dockerfile's default;
 - requirements/gpu.txt holds exactly pyproject.toml's dependencies minus torch (which SGLang pins);
 - pyproject.toml has no extra that cannot resolve (the old `sglang` extra fought the CPU torch pin);
@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 
 from miles.docker_images import VARIANTS
-from miles.rollout.sglang import SGLANG_ROUTER_VERSION, SGLANG_VERSION
-from miles.rollout.sglang.snapshot import ROUTER_ARGS_FILE, SERVER_ARGS_FILE, snapshot_version
+from miles.sglang_spec import ROUTER_ARGS_FILE, SERVER_ARGS_FILE, SGLANG_ROUTER_VERSION, SGLANG_VERSION, snapshot_version
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_REQUIREMENTS = ROOT / "requirements/gpu.txt"
@@ -78,14 +77,14 @@ def test_no_extra_pulls_sglang_against_the_cpu_torch_pin():
 def test_the_images_check_the_pins():
     for dockerfile in ("docker/Dockerfile", "docker/Dockerfile.rocm"):
         text = (ROOT / dockerfile).read_text()
-        assert "--sglang-pins /root/miles/miles/rollout/sglang/__init__.py" in text, dockerfile
-        assert "COPY miles/rollout/sglang/__init__.py" in text, dockerfile
+        assert "--sglang-pins /root/miles/miles/sglang_spec/__init__.py" in text, dockerfile
+        assert "COPY miles/sglang_spec/__init__.py" in text, dockerfile
     sys.path.insert(0, str(ROOT / "docker"))
     try:
         import install_miles
     finally:
         sys.path.pop(0)
-    assert install_miles.pinned_versions(ROOT / "miles/rollout/sglang/__init__.py") == {
+    assert install_miles.pinned_versions(ROOT / "miles/sglang_spec/__init__.py") == {
         "sglang": SGLANG_VERSION, "sglang-router": SGLANG_ROUTER_VERSION,
     }  # fmt: skip
 

@@ -100,7 +100,7 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
     the GPU ids of bundles e*16 + 8r ... + 7 (what Ray reported for them), node 0 likewise."""
     import miles.rollout.engine.fleet as fleet_module
     import miles.rollout.sglang.server_actor as server_actor
-    from miles.ray.driver import _engine_actor_options
+    from miles.ray.placement import engine_actor_options as _engine_actor_options
     from miles.rollout.engine.factory import make_engine
 
     cfg = _config(
@@ -125,7 +125,7 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
 def test_an_engine_on_two_nodes_starts_serves_restarts_and_stops_as_one(cluster, tmp_path):
     import ray
 
-    from miles.ray.driver import _engine_actor_options
+    from miles.ray.placement import engine_actor_options as _engine_actor_options
     from miles.rollout.engine.factory import make_engine
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)
@@ -181,7 +181,7 @@ def test_an_engine_on_two_nodes_starts_serves_restarts_and_stops_as_one(cluster,
 def test_a_node_that_exits_at_start_fails_the_engine_naming_that_node(cluster, tmp_path):
     import ray
 
-    from miles.ray.driver import _engine_actor_options
+    from miles.ray.placement import engine_actor_options as _engine_actor_options
     from miles.rollout.sglang.server_actor import SGLangServerActor
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)

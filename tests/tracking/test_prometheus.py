@@ -13,6 +13,7 @@ import pytest
 from miles.config.tracking import TrackingConfig
 from miles.errors import UserError
 from miles.tracking import Tracker
+from miles.utils.net import free_port as _net_free_port
 
 
 def _get(host: str, port: int, path: str = "/metrics") -> tuple[str, str]:
@@ -21,9 +22,7 @@ def _get(host: str, port: int, path: str = "/metrics") -> tuple[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _net_free_port("127.0.0.1")
 
 
 def _other_local_address() -> str | None:

@@ -10,11 +10,11 @@ torch.distributed world (creating a one-rank gloo group when the caller runs a s
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
 from miles.ckpt.convert.families import ModelShape
+from miles.config.megatron_checks import check_hardware, check_layout  # noqa: F401  (the config-only checks)
 from miles.errors import UserError
 
 
@@ -53,63 +53,6 @@ def options_from_config(cfg) -> ParallelOptions:
     )
 
 
-def check_layout(cfg, world_size: int) -> None:
-    """The checks that need only the config (run by `resolve()` too, before anything starts)."""
-    t = cfg.train
-    sizes = {"--tensor-model-parallel-size": t.tensor_model_parallel_size,
-             "--pipeline-model-parallel-size": t.pipeline_model_parallel_size,
-             "--context-parallel-size": t.context_parallel_size,
-             "--expert-model-parallel-size": t.expert_model_parallel_size}
-    for flag, value in sizes.items():
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1.", option=flag)
-    model_parallel = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
-    if world_size % model_parallel:
-        raise UserError(
-            f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
-            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
-            "change the sizes or the worker count.", option="--tensor-model-parallel-size")
-    if t.sequence_parallel and t.tensor_model_parallel_size == 1:
-        raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
-                        option="--sequence-parallel")
-    if t.recompute_granularity == "full" and (t.recompute_method is None or t.recompute_num_layers is None):
-        raise UserError("--recompute-granularity full needs --recompute-method and --recompute-num-layers; add both.",
-                        option="--recompute-granularity")
-    if t.recompute_granularity != "full" and (t.recompute_method is not None or t.recompute_num_layers is not None):
-        raise UserError("--recompute-method and --recompute-num-layers apply only with --recompute-granularity full.",
-                        option="--recompute-method")
-    dp = world_size // model_parallel
-    if cfg.data.global_batch_size is not None and cfg.data.global_batch_size % dp:
-        raise UserError(
-            f"--global-batch-size ({cfg.data.global_batch_size}) must be divisible by the {dp} data-parallel ranks "
-            f"({world_size} workers / TP x PP x CP {model_parallel}).", option="--global-batch-size")
-
-
-def check_hardware(cfg, *, cuda: bool) -> None:
-    """TransformerEngine-only features are refused on a machine without CUDA (passed through with it)."""
-    t = cfg.train
-    if t.sequence_parallel and t.transformer_impl == "local" and (not cuda or importlib.util.find_spec("apex") is None):
-        # megatron-core 0.16.1's local layer spec normalises with Apex's fused norm when Apex is
-        # installed (GPU only) and otherwise with a plain-torch norm that asserts sequence_parallel off.
-        raise UserError(
-            "--sequence-parallel needs megatron-core's TransformerEngine or Apex norms (its plain-torch norm refuses "
-            "sequence parallelism): " + ("drop it on CPU." if not cuda else "add --transformer-impl transformer_engine or install Apex."),
-            option="--sequence-parallel")
-    if cuda:
-        return
-    if t.transformer_impl == "transformer_engine":
-        raise UserError("--transformer-impl transformer_engine needs TransformerEngine on a GPU; use --transformer-impl local on CPU.",
-                        option="--transformer-impl")
-    if t.fp8_format is not None:
-        raise UserError(f"--fp8-format {t.fp8_format} needs TransformerEngine on a GPU; drop it on CPU.", option="--fp8-format")
-    if t.attention_backend in ("flash", "fused"):
-        raise UserError(f"--attention-backend {t.attention_backend} needs TransformerEngine on a GPU; use local or unfused on CPU.",
-                        option="--attention-backend")
-    if t.context_parallel_size > 1:
-        raise UserError("--context-parallel-size > 1 needs TransformerEngine attention on a GPU; use 1 on CPU.",
-                        option="--context-parallel-size")
-
-
 def check_model(shape: ModelShape, opts: ParallelOptions) -> None:
     tp, pp, ep = opts.tensor_model_parallel_size, opts.pipeline_model_parallel_size, opts.expert_model_parallel_size
     problems = []
@@ -135,7 +78,7 @@ def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: 
     if not dist.is_initialized():
         if world_size != 1:
             raise RuntimeError(f"world_size={world_size} needs torch.distributed initialised by the caller")
-        from miles.ray.train_group import free_port
+        from miles.utils.net import free_port
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

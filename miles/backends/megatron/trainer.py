@@ -302,7 +302,7 @@ class MegatronTrainer(TrainerBackend):
             yield bucket
 
     def weights_checksum(self) -> str:
-        from miles.rollout.engine.base import weights_checksum
+        from miles.utils.weights import weights_checksum
 
         digest = weights_checksum(self.iter_hf_weights())
         obj = [digest]

@@ -290,7 +290,7 @@ class TorchBackend(TrainerBackend):
         Every rank plans the same buckets (under FSDP gathering each tensor with the other ranks; under
         DDP every rank already holds it), and ranks other than the weight source yield them empty.
         """
-        from miles.rollout.engine.base import iter_weight_buckets
+        from miles.utils.weights import iter_weight_buckets
 
         for bucket in iter_weight_buckets(self.named_weights_for_sync(), bucket_bytes):
             yield bucket if self.is_weight_source else []
@@ -301,6 +301,6 @@ class TorchBackend(TrainerBackend):
         return parameter_summary(self.model, self.optimizer)
 
     def weights_checksum(self) -> str:
-        from miles.rollout.engine.base import weights_checksum
+        from miles.utils.weights import weights_checksum
 
         return weights_checksum(self.named_weights_for_sync())

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from miles.errors import UserError
-from miles.rollout.engine.weight_transport import free_port
+from miles.utils.net import free_port
 
 START_TIMEOUT_S = 120.0
 
@@ -55,7 +55,7 @@ class Router:
         backend's, from miles.rollout.sglang.launch.router_argv: --sglang-router-command and the
         --sglang-router-* options); else this interpreter's sglang-router with miles' settings."""
         if argv_for is not None:
-            port, prom = free_port(), free_port()
+            port, prom = free_port("127.0.0.1"), free_port("127.0.0.1")
             return cls._start(argv_for(port, prom, list(worker_urls)), port, len(worker_urls), log_dir, timeout_s)
         try:
             import sglang_router  # noqa: F401
@@ -65,7 +65,7 @@ class Router:
                 "pip install sglang-router==0.3.2 (a CPU wheel, no torch), or drop --rollout-num-gpus.",
                 option="--rollout-num-gpus",
             ) from None
-        port, prom = free_port(), free_port()
+        port, prom = free_port("127.0.0.1"), free_port("127.0.0.1")
         argv = [
             sys.executable, "-m", "sglang_router.launch_router",
             "--host", "127.0.0.1", "--port", str(port),

@@ -31,11 +31,12 @@ import concurrent.futures
 import datetime
 import json
 import shutil
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from miles.utils.net import free_port
 
 if TYPE_CHECKING:
     from miles.rollout.engine.builtin import BuiltinEngine
@@ -163,12 +164,6 @@ def _post(url: str, path: str, body: dict[str, Any], timeout: float = HTTP_TIMEO
     return data
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def group_master_address(engine_urls: list[str]) -> str:
     """The address engines use to reach the sender's rendezvous store: loopback when every engine is on
     this host, else this node's address as Ray knows it (engines on other nodes cannot reach 127.0.0.1)."""
@@ -194,7 +189,7 @@ class BroadcastSender:
 
     def connect(self) -> None:
         """Rendezvous: engines are asked to join first (without waiting), then rank 0 joins, then wait."""
-        port = free_port()
+        port = free_port("127.0.0.1")
         world = 1 + len(self.urls)
         master = group_master_address(self.urls)
         calls = [

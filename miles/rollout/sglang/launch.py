@@ -27,21 +27,12 @@ import urllib.error
 import urllib.request
 from typing import Any, Protocol
 
+from miles.config.layout import EngineLayout, engine_layout  # noqa: F401  (derived once, in config)
 from miles.config.sglang import ROUTER_PREFIX, SERVER_PREFIX, changed_values, router_entry, server_entry
 from miles.errors import UserError
 
 HEALTH_POLL_S = 1.0
 HEALTH_REQUEST_TIMEOUT_S = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineLayout:
-    """How the rollout GPUs are cut into SGLang engines."""
-
-    num_engines: int
-    gpus_per_engine: int
-    nodes_per_engine: int  # > 1 when an engine's tensor-parallel group spans nodes
-    gpus_per_node: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,28 +45,6 @@ class EngineSlot:
     nccl_port: int
     node_rank: int = 0
     dist_init_addr: str | None = None  # "host:port" of the engine's first node when it spans nodes
-
-
-def engine_layout(cfg: Any) -> EngineLayout:
-    """Engines = rollout GPUs / GPUs per engine. Colocated runs use the training GPUs for rollouts."""
-    c = cfg.cluster
-    per_node = c.actor_num_gpus_per_node
-    per_engine = c.rollout_num_gpus_per_engine
-    total = c.rollout_num_gpus
-    if total is None:
-        total = c.actor_num_nodes * per_node if c.colocate else per_engine
-    if per_engine < 1 or total < per_engine or total % per_engine:
-        raise UserError(
-            f"--rollout-num-gpus ({total}) must be a positive multiple of --rollout-num-gpus-per-engine ({per_engine}).",
-            option="--rollout-num-gpus",
-        )
-    if per_engine > per_node and per_engine % per_node:
-        raise UserError(
-            f"--rollout-num-gpus-per-engine ({per_engine}) spans nodes, so it must be a multiple of the GPUs per node ({per_node}).",
-            option="--rollout-num-gpus-per-engine",
-        )
-    nodes = max(1, per_engine // per_node) if per_engine > per_node else 1
-    return EngineLayout(total // per_engine, per_engine, nodes, per_node)
 
 
 def server_command(cfg: Any) -> list[str]:

@@ -70,17 +70,3 @@ def check_can_launch(cfg: Any, *, gpus: int | None = None) -> None:
                 "or point --sglang-server-command at an environment that has it.",
                 option="--sglang-server-command",
             )
-
-
-def check_engines_wired() -> None:
-    """The engine actors that run `server_argv` and speak to the servers come with the engine fleet
-    (miles/ray/rollout_manager.py); until the rollout manager drives SGLang engines, say so instead of
-    silently running the built-in engine."""
-    from miles.ray import rollout_manager
-
-    if not getattr(rollout_manager, "DRIVES_SGLANG", False):
-        raise UserError(
-            "--rollout-backend sglang: this build prints the SGLang plan (--dry-run) but its rollout manager does "
-            "not drive SGLang engines yet; use --rollout-backend builtin.",
-            option="--rollout-backend",
-        )

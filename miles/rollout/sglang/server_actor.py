@@ -39,20 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from miles.rollout.sglang.launch import EngineSlot, engine_layout, server_argv, wait_healthy
+from miles.utils.net import free_port
 
 # Seconds `stop()` gives the server's process group to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 15.0
 # How often node 0 checks that the other nodes of its engine are up (and the timeout of that call).
 NODE_WATCH_S = 1.0
 NODE_CALL_TIMEOUT_S = 30.0
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -198,8 +191,8 @@ class SGLangServerActor:
         # Other nodes must reach node 0 (its dist-init address): its address as Ray knows it.
         host = _node_ip() if spans else node_host(cfg)
         slot = EngineSlot(
-            index=index, host=host, port=_free_port(host), nccl_port=_free_port(host),
-            dist_init_addr=f"{host}:{_free_port(host)}" if spans else None,
+            index=index, host=host, port=free_port(host), nccl_port=free_port(host),
+            dist_init_addr=f"{host}:{free_port(host)}" if spans else None,
         )  # fmt: skip
         self.argv = server_argv(cfg, slot, seed=seed)
         self.url_ = f"http://{host}:{slot.port}"

@@ -27,11 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from miles.rollout.sglang import SGLANG_ROUTER_VERSION, SGLANG_VERSION
-
-HERE = Path(__file__).resolve().parent
-SERVER_ARGS_FILE = HERE / "server_args.json"
-ROUTER_ARGS_FILE = HERE / "router_args.json"
+from miles.sglang_spec import (  # noqa: F401  (the checked-in snapshot and its readers live there)
+    ROUTER_ARGS_FILE,
+    SERVER_ARGS_FILE,
+    SGLANG_ROUTER_VERSION,
+    SGLANG_VERSION,
+    router_fields,
+    server_fields,
+    snapshot_version,
+)
 PIP_DOWNLOAD_TIMEOUT_S = 600
 
 _FIELDS_DIR = "sglang/srt/arg_groups/fields/"
@@ -39,27 +43,6 @@ _CHOICES_FILE = "sglang/srt/arg_groups/choices.py"
 _ORDER_FILE = "sglang/srt/arg_groups/field_order.py"
 _ROUTER_FILE = "sglang_router/router_args.py"
 _SERVER_ARGS_PY = "sglang/srt/server_args.py"
-
-
-# --- reading the checked-in snapshot (used by miles/config/sglang.py) -------------------------------
-
-
-@functools.cache
-def server_fields() -> tuple[dict[str, Any], ...]:
-    """The pinned `ServerArgs` fields that have a command-line flag, in SGLang's order."""
-    data = json.loads(SERVER_ARGS_FILE.read_text())
-    return tuple(data["fields"])
-
-
-@functools.cache
-def router_fields() -> tuple[dict[str, Any], ...]:
-    """The pinned `RouterArgs` options, in the router's `--help` order."""
-    data = json.loads(ROUTER_ARGS_FILE.read_text())
-    return tuple(data["fields"])
-
-
-def snapshot_version(path: Path) -> str:
-    return json.loads(path.read_text())["version"]
 
 
 # --- generating it from the wheels -------------------------------------------------------------------

@@ -11,7 +11,6 @@ from `iter_weight_buckets` and (with `job["export_hf"]`) an HF export of the sam
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import warnings
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import torch
 
+from miles.utils.net import free_port as _net_free_port
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _net_free_port("127.0.0.1")
 
 
 def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
