@@ -27,7 +27,7 @@ def build_convert_command():
             opts = ConvertOptions(**kwargs)
             opts.check()
             if opts.lora_export is not None:
-                from miles.ckpt.lora_export import export_lora
+                from miles.backends.torch.lora_export import export_lora
 
                 export_lora(opts)
                 return
