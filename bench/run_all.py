@@ -31,6 +31,7 @@ BENCHES = {
     "cli_help": [],
     "convert": [],
     "train_step": [],
+    "lora": [],
     "rollout_engine": [],
     "vs_trl": [],
     "step_phases": [],

@@ -82,6 +82,8 @@ class Invocation:
     sources: dict[str, str]
     recipe_sources: dict[str, str] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    recipe_rules: dict[str, str] = dataclasses.field(default_factory=dict)
+    """{engine field: the rule's text} of the recipe's derived values this invocation used (`RecipePlan.derived`)."""
 
     def differs_from_recipe(self) -> dict[str, str]:
         """{flag: source} of every option the user set (anything not from the recipe or a default)."""
@@ -205,6 +207,11 @@ def resolve_invocation(
     if sources.get("hf_checkpoint", "recipe") != "recipe":
         _hub_checkpoint(values, options, plan)
     cfg = build_config(values)
+    recipe_rules = {}
+    for name, rule in plan.derived.items():
+        if sources.get(name, "recipe") == "recipe":  # a later layer's value wins over the recipe's rule
+            cfg.set(name, rule.rule(cfg))
+            sources[name], recipe_rules[name] = "recipe", rule.text
     cfg.run = RunContext(run_id=options.run_id, run_dir=options.run_dir)
     unset_derived = {s.name for s in option_specs() if s.derived is not None and cfg.get(s.name) is None}
     if check:
@@ -217,7 +224,7 @@ def resolve_invocation(
     for s in option_specs():
         if s.name not in sources:
             sources[s.name] = "derived" if s.name in unset_derived else ("env " + s.env if s.env and cfg.get(s.name) != s.default else "default")
-    return Invocation(command, recipe, options, plan, cfg, sources, env={**plan.env, **run_environment(cfg)})
+    return Invocation(command, recipe, options, plan, cfg, sources, env={**plan.env, **run_environment(cfg)}, recipe_rules=recipe_rules)
 
 
 def _hub_checkpoint(values: dict[str, Any], options: RecipeOptions, plan: RecipePlan) -> None:

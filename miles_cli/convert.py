@@ -26,6 +26,11 @@ def build_convert_command():
         with user_errors_exit_2():
             opts = ConvertOptions(**kwargs)
             opts.check()
+            if opts.lora_export is not None:
+                from miles.backends.torch.lora_export import export_lora
+
+                export_lora(opts)
+                return
             from miles.ckpt.convert import run_convert
 
             run_convert(opts)

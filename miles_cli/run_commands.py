@@ -34,6 +34,7 @@ from miles_cli.api import (
     resolve_invocation,
 )
 from miles.config.engine import OptionSpec
+from miles.config.values import format_value
 from miles.docs.flag import FlagDoc
 from miles_cli import summaries
 from miles_cli.argv import help_request
@@ -131,6 +132,8 @@ def option_docs(
             doc = flag_doc(s, value if (s.derived is None or by_rule or value is not None) else NO_VALUE)
             if s.derived is not None and not by_rule:  # the recipe or the user set it: show the value, not the rule
                 doc = _as_plain_default(doc)
+            if s.name in preview.recipe_rules:  # the recipe computes it: the value and the recipe's rule
+                doc = dataclasses.replace(doc, default=None, derived=preview.recipe_rules[s.name], derived_value=format_value(value))
             out.append((s, value, doc, None))
     for s in run_control_specs(command):
         out.append((s, s.default, flag_doc(s, s.default), None))

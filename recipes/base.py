@@ -42,6 +42,11 @@ class RecipePlan:
     engine: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     prepare: list[PrepareStep] = field(default_factory=list)
+    derived: dict[str, Derived] = field(default_factory=dict)
+    """Engine values the recipe computes from other engine options, `{field: Derived(text, rule)}`:
+    `rule(config)` runs on the configuration built from every layer (so it sees `--lora-rank` given on
+    the command line) and replaces the recipe's plain value in `engine`, unless a later layer set the
+    option; help shows the value with `text`. `engine` keeps the plain value for readers of the plan."""
 
 
 def recipe_default(name: str, default: Any, *, help: str | None = None) -> Any:

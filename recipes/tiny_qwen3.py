@@ -31,6 +31,15 @@ MODEL = {"hidden_size": 64, "num_layers": 2}
 TASK = {"max_operand": 99, "n_train": 2000, "n_eval": 200, "ops": ("+",)}
 """Arguments of `create_arith_task`: two-digit addition, 2000 train rows, 200 held out."""
 
+FULL_LR = 3e-4
+LORA_LR = 2e-3
+LR_RULE = Derived(
+    f"{FULL_LR:g}, or {LORA_LR:g} with LoRA (--lora-rank > 0 or --lora-adapter-path)",
+    # Adapters start at zero and move the weights through a rank-r product: at the full fine-tuning lr
+    # a LoRA run barely leaves the warm start within the recipe's steps (measured: docs/benchmarks.md).
+    lambda cfg: LORA_LR if cfg.lora.enabled else FULL_LR,
+)
+
 
 @dataclass
 class Options(RecipeOptions):
@@ -86,7 +95,7 @@ def plan(o: Options) -> RecipePlan:
         "eval_prompt_data": ["arith", f"{task}/eval.jsonl"],
         "eval_interval": 2 if debug else 50,
         "eval_temperature": 0.0,
-        "lr": 3e-4,
+        "lr": FULL_LR,  # with LoRA: LORA_LR, by the rule in `derived` below
         "clip_grad": 1.0,
         "save": f"{run}/checkpoints",
         "load": f"{run}/checkpoints",
@@ -134,4 +143,4 @@ def plan(o: Options) -> RecipePlan:
                 "Hugging Face → torch_dist for the megatron trainer",
             )
         )
-    return RecipePlan(engine=engine, prepare=prepare)
+    return RecipePlan(engine=engine, prepare=prepare, derived={"lr": LR_RULE})

@@ -184,6 +184,12 @@ class TrainerBackend(abc.ABC):
         buckets of at most bucket_bytes; on ranks that are not the weight source
         (`self.is_weight_source` False) it yields the same number of buckets but they may be empty."""
 
+    def parameter_metrics(self) -> dict[str, float]:
+        """`train/trainable_params`, `train/total_params`, `train/trainable_share` and
+        `train/optimizer_state_bytes` (this rank's optimizer state) where the backend counts them
+        (the start-up line and every step's metrics); {} where it does not."""
+        return {}
+
     @abc.abstractmethod
     def weights_checksum(self) -> str:
         """Over the HF-named full weights, same on every rank."""

@@ -6,6 +6,7 @@ heavy is imported (one sentence each, naming the flag and the fix). Nothing here
 
     miles convert --from hf --to torch_dist --hf-checkpoint DIR --save OUT
     miles convert --from torch_dist --to hf --load OUT --save HF_OUT
+    miles convert --lora-export merged --load runs/x/checkpoints --save HF_OUT   # a LoRA run's model
 """
 
 from __future__ import annotations
@@ -56,9 +57,17 @@ class ConvertOptions:
         "from Hugging Face keeps (hf_assets/), else the --hf-checkpoint the run's run.json records.",
     )
     chunk_size: int = option(5 * GIB, help="With --to hf: maximum bytes per safetensors shard.")
+    lora_export: Literal["merged", "adapter"] | None = option(
+        None,
+        help="Export a LoRA run's checkpoint (--load: its --save directory or an iter_* directory) instead of converting: merged "
+        "(base + adapter as a Hugging Face model) or adapter (PEFT's format); the base is --hf-checkpoint, default the run's. "
+        "--from/--to do not apply.",
+    )
 
     def check(self) -> None:
         """Raise `UserError` for the first mistake found; heavy checks (file contents) come later."""
+        if self.lora_export is not None:
+            return self._check_lora_export()
         if self.from_format == self.to_format:
             raise UserError(
                 f"--from and --to are both {self.from_format}; pass --to "
@@ -100,6 +109,21 @@ class ConvertOptions:
             if self.origin_hf_dir is not None:
                 _readable_dir(self.origin_hf_dir, "--origin-hf-dir")
         if Path(self.save).resolve() == Path(self.hf_checkpoint or self.load or "").resolve():
+            raise UserError("--save is the input directory; pass a different output directory.", option="--save")
+
+    def _check_lora_export(self) -> None:
+        if (self.from_format, self.to_format) != ("hf", "torch_dist"):
+            raise UserError("--lora-export reads a LoRA checkpoint (--load) and writes --save; drop --from and --to.", option="--lora-export")
+        if self.save is None:
+            raise UserError("--save is required: pass the output directory.", option="--save")
+        if self.load is None:
+            raise UserError("--lora-export needs --load: the --save directory of a run with --lora-rank (or one of its iter_* directories).", option="--load")
+        _readable_dir(self.load, "--load")
+        if self.hf_checkpoint is not None:
+            _readable_dir(self.hf_checkpoint, "--hf-checkpoint")
+        if self.chunk_size < 1:
+            raise UserError("--chunk-size must be a positive number of bytes (default 5 GiB).", option="--chunk-size")
+        if Path(self.save).resolve() == Path(self.load).resolve():
             raise UserError("--save is the input directory; pass a different output directory.", option="--save")
 
 

@@ -24,6 +24,7 @@ from miles.config.debug import DebugConfig
 from miles.config.eval import EvalConfig
 from miles.config.fault_tolerance import FaultToleranceConfig
 from miles.config.fields import Derived, flag_name
+from miles.config.lora import LoraConfig
 from miles.config.optimizer import OptimizerConfig
 from miles.config.reward import RewardConfig
 from miles.config.rollout import RolloutConfig
@@ -35,6 +36,7 @@ from miles.config.train import TrainConfig
 GROUPS: tuple[tuple[str, type, str], ...] = (
     ("cluster", ClusterConfig, "Cluster"),
     ("train", TrainConfig, "Training"),
+    ("lora", LoraConfig, "LoRA"),
     ("rollout", RolloutConfig, "Rollout"),
     ("data", DataConfig, "Data"),
     ("eval", EvalConfig, "Eval"),
@@ -65,6 +67,7 @@ class RunContext:
 class EngineConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -7,6 +7,8 @@ engine GPU. Trainer side, in bytes:
 - parameters: every parameter this GPU holds × 2 (--bf16) or 4 bytes. megatron splits the layers by
   TP × PP and the routed experts by EP × ETP × PP; torch (DDP) holds the whole model; fsdp 1/world.
 - gradients: one fp32 value per parameter (megatron reduces in fp32), bf16 on fsdp with --bf16.
+- LoRA (`--lora-rank`): the base's parameters, plus the adapters (`lora_parameters`); gradients and
+  Adam's moments for the adapters only.
 - optimizer: Adam's two fp32 moments, plus the fp32 master copy with --bf16; divided by the
   data-parallel size with --use-distributed-optimizer (and on fsdp); 0 on the GPU with
   --optimizer-cpu-offload.
@@ -120,6 +122,22 @@ def _longest_sample(cfg) -> tuple[int, str]:
     return prompt + r.rollout_max_response_len, f"{prompt} prompt + {r.rollout_max_response_len} response tokens"
 
 
+def lora_parameters(cfg, m: ModelSize) -> int:
+    """Adapter parameters of the run's LoRA (rank r on a d_in -> d_out linear: r·(d_in + d_out)), all layers;
+    with --lora-adapter-path the rank is the adapter's, unknown here, so --lora-rank (0: none) counts."""
+    from miles.config.lora import target_module_names
+
+    r, h, f = cfg.lora.lora_rank, m.hidden_size, m.ffn_hidden_size
+    shapes = {"q_proj": (h, m.query_width), "k_proj": (h, m.kv_width), "v_proj": (h, m.kv_width), "o_proj": (m.query_width, h),
+              "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    names = target_module_names(cfg.lora)
+    attention = sum(r * sum(shapes[n]) for n in names if n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp_names = [n for n in names if n in ("gate_proj", "up_proj", "down_proj")]
+    dense = m.num_dense_layers if m.num_experts else m.num_layers
+    expert = len(mlp_names) * r * (h + m.moe_ffn_hidden_size)  # every routed expert has its own projections
+    return int(m.num_layers * attention + dense * sum(r * sum(shapes[n]) for n in mlp_names) + m.num_moe_layers * m.num_experts * expert)
+
+
 def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, int]:
     t, o = cfg.train, cfg.optimizer
     backend, bf16 = t.train_backend, t.bf16
@@ -185,7 +203,13 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, i
         + (f"; × {in_flight} micro-batches in flight (PP {lay.pp})" if in_flight > 1 else "")
         + (f"; logits and log-softmax in fp32 over the full vocabulary ({m.vocab_size})" if logits else "")
     )
-    out = {"parameters": int(n_params * p_bytes), "gradients": int(n_params * g_bytes), "optimizer state": int(optimizer),
+    gradients = n_params * g_bytes
+    if cfg.lora.enabled:  # the frozen base has no gradients or Adam state; the adapters do (fp32)
+        adapters = lora_parameters(cfg, m) * share
+        n_params += adapters
+        gradients, optimizer = adapters * 4, 0 if o.optimizer_cpu_offload else adapters * 8
+        details.append(f"LoRA: {adapters / 1e6:.2f}M adapter parameters train (rank {cfg.lora.lora_rank}); gradients and Adam for them only")
+    out = {"parameters": int(n_params * p_bytes), "gradients": int(gradients), "optimizer state": int(optimizer),
            "activations": int(activations)}
     if logits:
         out["logits"] = int(logits)

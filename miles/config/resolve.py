@@ -213,6 +213,9 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     from miles.config import sglang as sglang_options
 
     sglang_options.check(cfg)
+    from miles.config import lora
+
+    lora.check(cfg)
     for name in ("actor_num_nodes", "actor_num_gpus_per_node"):
         _require(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1.", f"--{name.replace('_', '-')}")
     _require(d.n_samples_per_prompt >= 1, "--n-samples-per-prompt must be at least 1.", "--n-samples-per-prompt")

@@ -74,7 +74,8 @@ def option_table(model: CliModel, which: tuple[str, ...] | str) -> str:
     for fd in flags:
         assert fd is not None, which
         declared = model.declared_defaults.get(fd.flag, fd.default or "")
-        default = fd.derived if fd.derived is not None else ("unset" if declared == "None" else code(declared))
+        # A rule declared on the engine option (its declared default is unset), not a recipe's rule for it.
+        default = fd.derived if fd.derived is not None and declared in ("None", "") else ("unset" if declared == "None" else code(declared))
         shown = " / ".join(code(f) for f in fd.flags)
         link = f"[{shown}](reference/cli.md#{flag_anchor('train', fd.flag)})"
         meaning = [cell(fd.help)]

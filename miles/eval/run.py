@@ -2,7 +2,8 @@
 
 The model is a Hugging Face directory, or a miles checkpoint directory (`--save` of a run, holding
 `latest_checkpointed_iteration.txt`) whose trainer weights are loaded into the engine on top of
-`--hf-checkpoint`'s architecture. It runs in-process on the built-in engine (no Ray: one engine, no
+`--hf-checkpoint`'s architecture (a LoRA checkpoint's adapter is merged onto `--hf-checkpoint`, its
+base). It runs in-process on the built-in engine (no Ray: one engine, no
 trainer), prints the `eval/<dataset>/...` metrics as a table and writes them to
 `<run dir>/eval/<label>.json` (written to a temporary name, then renamed).
 """
@@ -21,7 +22,7 @@ from miles.errors import UserError
 console = Console()
 
 
-def _checkpoint_weights(path: Path):
+def _checkpoint_weights(path: Path, base: str | None):
     from miles.ckpt.trainer_checkpoint import find_latest_checkpoint
 
     found = find_latest_checkpoint(path, flag="--checkpoint")  # reads only: the run may be live
@@ -34,6 +35,12 @@ def _checkpoint_weights(path: Path):
             "Hugging Face directory with `miles convert` and pass that directory.",
             option="--checkpoint",
         )
+    from miles.backends.torch.lora import is_lora_checkpoint
+
+    if is_lora_checkpoint(ckpt_dir):  # the adapter alone: merged onto its base (--hf-checkpoint)
+        from miles.backends.torch.lora import merged_weights_of_checkpoint
+
+        return rollout_id, merged_weights_of_checkpoint(ckpt_dir, base)
     from miles.backends.torch.checkpoint import read_model_weights
 
     return rollout_id, read_model_weights(str(ckpt_dir))
@@ -50,7 +57,7 @@ def run_eval(cfg, *, checkpoint: str | None, run_dir: str) -> dict[str, float]:
             cfg.rollout.hf_checkpoint = str(path)
             label = path.name
         elif (path / "latest_checkpointed_iteration.txt").is_file():
-            rollout_id, weights = _checkpoint_weights(path)
+            rollout_id, weights = _checkpoint_weights(path, cfg.rollout.hf_checkpoint)
             label = f"rollout_{rollout_id}"
         else:
             raise UserError(

@@ -53,6 +53,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     import_sinks_in_background(cfg.tracking, run_dir)
     with start_cluster(cfg, run_dir=run_dir, env=env or {}, stack=stack) as cluster:
         manager, n = cluster.manager.handle, cfg.data.num_rollout
+        _print_trainer_line(cfg, cluster)
         start, resumed_from = _resume(cfg, cluster)
         tracker = _open_tracker(cfg, run_dir, run_id, start, resumed_from)
         status, first_eval, last_eval = "FAILED", {}, {}
@@ -107,6 +108,17 @@ def _import_in_background(modules: tuple[str, ...]) -> threading.Thread:
     thread = threading.Thread(target=run, name="miles-import-driver-stack")
     thread.start()
     return thread
+
+
+def _print_trainer_line(cfg: EngineConfig, cluster) -> None:
+    """What trains (LoRA: the adapters), its share of the model and the optimizer's memory, once at start-up."""
+    from rich import get_console
+
+    from miles.train.metrics import parameter_line
+
+    line = parameter_line(cluster.trainer.parameter_metrics(), cfg)
+    if line:
+        get_console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _resume(cfg: EngineConfig, cluster) -> tuple[int, int | None]:

@@ -100,6 +100,9 @@ class TrainWorker:
         self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device, role=self.role)
         return True
 
+    def parameter_metrics(self) -> dict[str, float]:
+        return self.backend.parameter_metrics()
+
     def train(self, train_data: dict[str, Any], rollout_id: int, critic: dict[str, Any] | None = None) -> dict[str, float]:
         """The policy's step; `critic`: what the critic rank of the same index returned (ppo)."""
         from miles.train.step import train_rollout
@@ -196,6 +199,10 @@ class TrainGroup:
         refs = [h.train_critic.remote(data_ref, rollout_id) for h in self.handles]
         self._all(list(refs), f"the critic's training on rollout {rollout_id}")
         return self._all(refs[0], f"the critic's metrics of rollout {rollout_id}")["metrics"], refs
+
+    def parameter_metrics(self) -> dict[str, float]:
+        """Rank 0's parameter counts and optimizer memory (`TrainerBackend.parameter_metrics`)."""
+        return self._all([self.handles[0].parameter_metrics.remote()], "training rank 0 to count its parameters")[0]
 
     def offload(self) -> None:
         self._all([h.offload.remote() for h in self.handles], "the trainer to move to host memory")

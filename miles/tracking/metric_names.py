@@ -63,6 +63,10 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("critic/lr", "The critic's learning rate at its last optimizer step (--critic-lr, --critic-lr-warmup-iters)."),
     ("critic/skipped_step", "Fraction of the critic's optimizer steps skipped (non-finite gradient)."),
     ("perf/critic_train_time", "Seconds the critic's ranks spent in their train call (inside perf/train_time)."),
+    ("train/trainable_params", "Parameters the optimizer trains (with LoRA: the adapters'), each tensor once."),
+    ("train/total_params", "Parameters of the trained model, adapters included, each tensor once."),
+    ("train/trainable_share", "train/trainable_params / train/total_params (1 for full fine-tuning)."),
+    ("train/optimizer_state_bytes", "Bytes of optimizer (AdamW) state on the source training rank."),
     # eval/<ds>/: one block per eval dataset, on the eval sampling settings
     ("eval/<ds>/accuracy", "Fraction of eval samples with a positive reward; only for right/wrong reward types (math, dapo, deepscaler, gpqa, exact_match, random, deterministic_random), not for f1, remote_rm or --custom-rm-path."),
     ("eval/<ds>/reward", "Mean eval reward (always reported)."),

@@ -46,3 +46,28 @@ def perf_metrics(t0: float, tokens: int) -> dict[str, float]:
         "perf/train_step_time": elapsed,
         "perf/train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
     }
+
+
+def parameter_line(params: dict[str, float], cfg) -> str | None:
+    """The start-up line of what trains: `TrainerBackend.parameter_metrics()` in words (None when empty)."""
+    if not params:
+        return None
+    lo = cfg.lora
+    what = "full fine-tuning"
+    if lo.enabled:
+        from miles.config.lora import target_module_names
+
+        source = f"from {lo.lora_adapter_path}" if lo.lora_adapter_path else f"rank {lo.lora_rank}, alpha {lo.lora_alpha} on {','.join(target_module_names(lo))}"
+        what = f"LoRA ({source})"
+    return (
+        f"Trainer: {what}: {int(params['train/trainable_params']):,} of {int(params['train/total_params']):,} parameters train "
+        f"({100 * params['train/trainable_share']:.2f}%); optimizer state {_bytes(params['train/optimizer_state_bytes'])} per worker."
+    )
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

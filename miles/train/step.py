@@ -88,6 +88,7 @@ def train_rollout(
     role = Role("train", loss, cfg.optimizer, with_entropy=not sft, entropy_grad=algo.entropy_coef != 0)
     metrics = reduce_over_steps([optimizer_step(backend, train_data, p, mbs, role) for p, mbs in zip(plans, batches)], lr_key="train/lr")
     metrics.update(perf_metrics(t0, sum(len(train_data["tokens"][i]) for p in plans for i in p.global_indices)))
+    metrics.update(backend.parameter_metrics())  # what trains (LoRA: the adapters) and its optimizer memory
     return metrics
 
 

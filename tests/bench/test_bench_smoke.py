@@ -54,6 +54,11 @@ def test_train_step(tmp_path):
     assert finite_positive(rows)
 
 
+def test_lora(tmp_path):
+    rows = run_bench("lora", tmp_path)
+    assert finite_positive(rows) and len(rows) == 3
+
+
 def test_memory_plan(tmp_path):
     rows = run_bench("memory_plan", tmp_path)
     assert finite_positive(rows) and all(r["unit"] == "x measured" for r in rows)

@@ -3,7 +3,9 @@
 One DCP checkpoint in the directory the driver prepared (the temporary directory of the atomic
 tracker protocol, miles/ckpt/trainer_checkpoint.py) holds:
 
-- `model`: the HF-named weights, keyed by parameter name (DCP writes a replicated tensor once);
+- `model`: the HF-named weights, keyed by parameter name (DCP writes a replicated tensor once); with
+  LoRA (`adapter_only`) the adapter's tensors alone, under their PEFT-injected names
+  (`...q_proj.lora_A.default.weight`), and the trainer writes `adapter_config.json` next to them;
 - `optimizer`: AdamW state keyed by parameter name (`get_state_dict`), so it loads whatever the
   world size;
 - `scheduler.num_steps`: the LR schedule's one integer;
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from miles.backends.torch.optim import StepCounter
 from miles.backends.torch.rng import rng_state_tensors, set_rng_state_tensors
@@ -54,8 +56,25 @@ def _rng_key(rank: int) -> str:
     return f"rng_rank_{rank}"
 
 
-def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int) -> None:
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+def _options(adapter_only: bool) -> StateDictOptions:
+    # LoRA: the frozen base is --hf-checkpoint itself, so the checkpoint holds the trainable (adapter)
+    # tensors only; the optimizer's state is the adapters' anyway.
+    return StateDictOptions(ignore_frozen_params=adapter_only, strict=not adapter_only)
+
+
+def _model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, adapter_only: bool) -> tuple[dict, dict]:
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(adapter_only))
+    if adapter_only:
+        # ignore_frozen_params keeps a frozen tied head (lm_head.weight, the embedding under a second
+        # name): only the trainable tensors are the adapter's.
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
+
+
+def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int,
+         adapter_only: bool = False) -> None:
+    model_sd, optim_sd = _model_state(model, optimizer, adapter_only)
     state = {
         "model": model_sd,
         "optimizer": optim_sd,
@@ -66,15 +85,32 @@ def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optim
         dcp.save(state, checkpoint_id=directory, no_dist=_no_dist())
 
 
+def _check_kind(directory: str, adapter_only: bool) -> None:
+    """A LoRA checkpoint (adapter_config.json next to it) resumes only a LoRA run, and a full one only a full run."""
+    from miles.errors import UserError
+
+    lora = (Path(directory) / "adapter_config.json").is_file()
+    if lora != adapter_only:
+        held, run = ("a LoRA adapter", "full fine-tuning") if lora else ("full weights", "a LoRA run")
+        raise UserError(
+            f"--load: {directory} holds {held} but this is {run}; "
+            + ("add the run's --lora-rank and --target-modules, or use another --load/--save." if lora else "drop --lora-rank, or use another --load/--save."),
+            option="--load",
+        )
+
+
 def saved_keys(directory: str) -> set[str]:
     """The flattened keys stored in a DCP checkpoint (e.g. `model.lm_head.weight`)."""
     return set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
 
 
-def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int) -> None:
+def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int,
+         adapter_only: bool = False) -> None:
     if not (Path(directory) / METADATA).is_file():
         raise FileNotFoundError(f"{directory} is not a torch.distributed.checkpoint directory (no {METADATA})")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    _check_kind(directory, adapter_only)
+    options = _options(adapter_only)
+    model_sd, optim_sd = _model_state(model, optimizer, adapter_only)
     state: dict = {
         "model": model_sd,
         "optimizer": optim_sd,
@@ -87,7 +123,7 @@ def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optim
         logger.warning("%s holds no RNG state for rank %d (saved with fewer ranks); keeping its seeded generators", directory, rank)
     with _single_process_quietly():
         dcp.load(state, checkpoint_id=directory, no_dist=_no_dist())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options)
     scheduler.load_state_dict({"num_steps": int(state["scheduler"]["num_steps"])})
     if has_rng:
         set_rng_state_tensors(state[_rng_key(rank)])

@@ -113,6 +113,9 @@ class TorchBackend(TrainerBackend):
             from miles.backends.torch.fsdp import ensure_process_group
 
             ensure_process_group(device)
+        self.peft = None
+        """With LoRA (`--lora-rank`): the PEFT wrapper whose adapters were injected into `self.model` in
+        place (miles/backends/torch/lora.py); the base is frozen and the reference is the base itself."""
         if role == "critic":
             from miles.backends.torch.value_model import ValueModel
 
@@ -120,6 +123,10 @@ class TorchBackend(TrainerBackend):
             self.net = self.model  # already takes the layout's inputs and returns [R] values
         else:
             self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
+            if cfg.lora.enabled:
+                from miles.backends.torch.lora import attach_lora
+
+                self.peft = attach_lora(self.model, cfg)
             self.net = ResponseLogits(self.model)
         self.model.train()
         self.train_net: torch.nn.Module = self.net
@@ -133,7 +140,7 @@ class TorchBackend(TrainerBackend):
             self.train_net.register_comm_hook(None, _sum_gradients_hook)
         self.ref_model: torch.nn.Module | None = None
         self.ref_net: ResponseLogits | None = None
-        if self.uses_reference:
+        if self.uses_reference and self.peft is None:  # LoRA: the reference is the base, adapters off
             self.ref_model = _load_causal_lm(cfg.ckpt.ref_load or cfg.rollout.hf_checkpoint, device)
             self.ref_model.eval().requires_grad_(False)
             self.ref_net = ResponseLogits(self.ref_model)
@@ -154,7 +161,7 @@ class TorchBackend(TrainerBackend):
 
     @property
     def has_reference(self) -> bool:
-        return self.ref_net is not None
+        return self.ref_net is not None or (self.peft is not None and self.uses_reference)
 
     @property
     def dp_rank(self) -> int:
@@ -179,14 +186,18 @@ class TorchBackend(TrainerBackend):
         temperature; each batch is one forward."""
         if self.role == "critic":
             raise RuntimeError("the critic has no log-probs; call values()")
-        net = self.net if model == "actor" else self.ref_net
-        if net is None:
+        if model == "ref" and not self.has_reference:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
+        base_only = model == "ref" and self.peft is not None
+        net = self.net if model == "actor" or base_only else self.ref_net
+        # No-grad passes score the policy itself: dropout (--lora-dropout) is for the training pass only.
+        self.model.eval()
         out = []
-        for batch in batches:
-            with torch.no_grad():
-                lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
-            out.append((lp.detach(), None if ent is None else ent.detach()))
+        with self._adapters_off() if base_only else contextlib.nullcontext():
+            for batch in batches:
+                with torch.no_grad():
+                    lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
+                out.append((lp.detach(), None if ent is None else ent.detach()))
         return out
 
     def values(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
@@ -196,6 +207,11 @@ class TorchBackend(TrainerBackend):
 
         with torch.no_grad():
             return [response_values(self.net, b).detach() for b in batches]
+
+    def _adapters_off(self):
+        from miles.backends.torch.lora import adapters_disabled
+
+        return adapters_disabled(self.peft)
 
     # ----------------------------------------------------------------------------------------------
     def forward_backward(self, batches: list[PackedBatch], loss_fn: LossFn, *, with_entropy: bool, entropy_grad: bool) -> None:
@@ -265,12 +281,17 @@ class TorchBackend(TrainerBackend):
     def save_checkpoint(self, directory: str) -> None:
         from miles.backends.torch import checkpoint
 
-        checkpoint.save(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank)
+        adapter_only = self.peft is not None
+        checkpoint.save(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank, adapter_only=adapter_only)
+        if adapter_only and self.rank == 0:
+            from miles.backends.torch.lora import write_adapter_config
+
+            write_adapter_config(self.peft, directory, self.cfg.rollout.hf_checkpoint)
 
     def load_checkpoint(self, directory: str) -> None:
         from miles.backends.torch import checkpoint
 
-        checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank)
+        checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank, adapter_only=self.peft is not None)
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -278,6 +299,11 @@ class TorchBackend(TrainerBackend):
         skipped, as in HF's safetensors). Unsharded, the tensors are the live weights, detached: copy
         them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
         a collective: every rank must iterate to the end."""
+        if self.peft is not None:  # base + adapter under the base's names (miles/backends/torch/lora.py)
+            from miles.backends.torch.lora import merged_named_weights
+
+            yield from merged_named_weights(self.model)
+            return
         seen: set[int] = set()
         # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
         # on every rank (a storage pointer would not do: an empty shard has none).
@@ -297,6 +323,11 @@ class TorchBackend(TrainerBackend):
 
         for bucket in iter_weight_buckets(self.named_weights_for_sync(), bucket_bytes):
             yield bucket if self.is_weight_source else []
+
+    def parameter_metrics(self) -> dict[str, float]:
+        from miles.backends.torch.lora import parameter_summary
+
+        return parameter_summary(self.model, self.optimizer)
 
     def weights_checksum(self) -> str:
         from miles.utils.weights import weights_checksum
