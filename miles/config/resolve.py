@@ -264,6 +264,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
                     f"{flag} {pattern!r} has a placeholder other than {{rollout_id}} ({e}); use {{rollout_id}} or none.", option=flag
                 ) from None
     cfg.algo.check(d.n_samples_per_prompt)
+    cfg.asynchrony.check(colocate=c.colocate, algo=cfg.algo, debug_rollout_only=cfg.debug.debug_rollout_only)
     cfg.reward.check()
     if purpose == "eval":
         _require(

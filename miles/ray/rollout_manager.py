@@ -53,8 +53,28 @@ def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "trai
 def _as_fresh(s: Sample) -> Sample:
     """A sample given back to the data source: its prompt (and prompt token ids) and numbering, no response."""
     return dataclasses.replace(
-        s, tokens=s.tokens[: len(s.tokens) - s.response_length], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None
+        s, tokens=s.tokens[: len(s.tokens) - s.response_length], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None,
+        weight_versions=None, loss_mask=None,
     )
+
+
+def _as_partial(s: Sample) -> Sample:
+    """--partial-rollout: a sample given back with what it generated so far (tokens, log-probs, their weight
+    versions), to be continued in a later rollout; only the reward is dropped (it scored an unfinished response)."""
+    return dataclasses.replace(s, reward=None)
+
+
+_TO_GENERATE = (SampleStatus.PENDING, SampleStatus.ABORTED)
+
+
+def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, float]:
+    """rollout/weight_staleness_{mean,max}: per sample, the trainer's weight version when it trains the
+    sample (rollout r trains on version r, the weights after r updates) minus the oldest version among its
+    tokens: 0 in the synchronous loop, 1 with one-step overlap."""
+    lags = [current_version - min(v) for v in ([x for x in s.weight_versions or [] if x is not None] for s in samples) if v]
+    if not lags:
+        return {}
+    return {"rollout/weight_staleness_mean": sum(lags) / len(lags), "rollout/weight_staleness_max": float(max(lags))}
 
 
 def engine_tp_size(cfg: EngineConfig) -> int:
@@ -146,6 +166,7 @@ class RolloutManager:
                 flag="--eval-prompt-data",
             )
         self.dynamic_filter = load_group_filter(r.dynamic_sampling_filter_path)
+        self._state_before: dict[int, dict[str, Any]] = {}
         rw = cfg.reward
         self.reward_post_process = load_function(rw.custom_reward_post_process_path, flag="--custom-reward-post-process-path")
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
@@ -159,7 +180,10 @@ class RolloutManager:
         id and the sample index), and its new tokens are capped so prompt + response stay within
         --rollout-max-context-len."""
         context = self.cfg.rollout.rollout_max_context_len
-        if s.tokens and s.response_length == 0:
+        if s.response_length > 0:  # --partial-rollout: continue the response from all its tokens
+            prompt_ids = list(s.tokens)
+            params = dataclasses.replace(params, max_new_tokens=max(0, params.max_new_tokens - s.response_length))
+        elif s.tokens and s.response_length == 0:
             # The prompt's ids, tokenized once when the dataset was read (PromptDataset keeps them):
             # re-encoding the same prompt for each of its samples every step was a tenth of a step.
             prompt_ids = list(s.tokens)
@@ -175,16 +199,24 @@ class RolloutManager:
             rid=rid,
         )
 
-    @staticmethod
-    def _fill(s: Sample, resp: GenerateResponse) -> int:
+    def _fill(self, s: Sample, resp: GenerateResponse) -> int:
+        """Append the response to `s` (after what a partial rollout generated earlier); returns new tokens."""
+        new = len(resp.output_ids)
+        earlier = s.response_length  # > 0 only for a continued partial rollout
         s.tokens = s.tokens + list(resp.output_ids)
-        s.response_length = len(resp.output_ids)
-        s.response = resp.text
-        s.rollout_log_probs = [float(x) for x in (resp.output_token_logprobs or [])]
+        s.response_length = earlier + new
+        s.response = (s.response if earlier else "") + resp.text
+        logprobs = [float(x) for x in (resp.output_token_logprobs or [])]
+        s.rollout_log_probs = (s.rollout_log_probs or [])[:earlier] + logprobs if earlier else logprobs
+        s.weight_versions = (s.weight_versions or [])[:earlier] + [resp.weight_version] * new if earlier else [resp.weight_version] * new
         finish = resp.finish_reason["type"]
         s.status = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}.get(finish, SampleStatus.ABORTED)
         s.weight_version = resp.weight_version
-        return s.response_length
+        a = self.cfg.asynchrony
+        if earlier and a.mask_offpolicy_in_partial_rollout and s.status != SampleStatus.ABORTED:
+            # Only the tokens of the weights that finished the response are on-policy for this step.
+            s.loss_mask = [int(v == resp.weight_version) for v in s.weight_versions]
+        return new
 
     def _submit(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> list:
         """Submit one request per sample; returns their futures."""
@@ -225,9 +257,9 @@ class RolloutManager:
 
         asyncio.run(score_all())
 
-    async def _group(self, group: list[Sample], futures: list) -> int:
-        """Wait for one submitted prompt group and score it."""
-        tokens = await self._fill_all(group, futures)
+    async def _group(self, group: list[Sample], futures: list, *, todo: list[Sample] | None = None) -> int:
+        """Wait for one submitted prompt group (its samples `todo` were submitted) and score it."""
+        tokens = await self._fill_all(group if todo is None else todo, futures)
         for s, reward in zip(group, await compute_group_rewards(self.cfg.reward, group)):
             s.reward = reward
         return tokens
@@ -253,14 +285,19 @@ class RolloutManager:
                         option="--dynamic-sampling-filter-path",
                     )
                 groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
+                # A partial rollout's finished samples are not generated again, its aborted ones continue.
+                todo = [[s for s in g if s.status in _TO_GENERATE] for g in groups]
+                if self.cfg.asynchrony.partial_rollout:
+                    key = "rollout/partial_continued_samples"
+                    counts[key] = counts.get(key, 0.0) + sum(s.response_length > 0 for t in todo for s in t)
                 with self._submitting():  # the whole draw is submitted before the scheduler looks
                     futures = [
-                        self._submit(g, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn + k + 1:06d}-")
-                        for k, g in enumerate(groups)
+                        self._submit(t, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn + k + 1:06d}-")
+                        for k, t in enumerate(todo)
                     ]
-                for g, f in zip(groups, futures):
+                for g, t, f in zip(groups, todo, futures):
                     drawn += 1
-                    pending[asyncio.ensure_future(self._group(g, f))] = (drawn, g)
+                    pending[asyncio.ensure_future(self._group(g, f, todo=t))] = (drawn, g)
                 continue
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=lambda t: pending[t][0]):
@@ -286,8 +323,11 @@ class RolloutManager:
                     task.cancel()
             spare.extend(pending.values())
         counts["rollout/aborted_groups"] = float(len(pending))
-        if spare:  # drawn but not needed: their prompts come back first next time, as fresh prompts
-            self.data_source.add_samples([[_as_fresh(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
+        if spare:  # drawn but not needed: they come back first next time, as fresh prompts (or, partial, as they are)
+            back = _as_partial if self.cfg.asynchrony.partial_rollout else _as_fresh
+            self.data_source.add_samples([[back(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
+            if self.cfg.asynchrony.partial_rollout:
+                counts["rollout/partial_aborted_samples"] = float(sum(s.status == SampleStatus.ABORTED and s.response_length > 0 for _, g in spare for s in g))
         return [g for _, g in sorted(kept, key=lambda x: x[0])], counts, tokens
 
     def generate_split(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
@@ -299,8 +339,13 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
-        d = self.cfg.data
+        d, a = self.cfg.data, self.cfg.asynchrony
         t0 = time.perf_counter()
+        if a.overlapped:
+            # The data position before this rollout drew anything: what a checkpoint of the step before
+            # must hold when this rollout is already under way (the overlapped drivers save it).
+            self._state_before[rollout_id] = self.state_dict()
+            self._state_before.pop(rollout_id - 2, None)
         kept, counts, tokens = asyncio.run(self._collect(rollout_id))
         samples = [s for g in kept for s in g]
         train_data = samples_to_train_data(
@@ -326,6 +371,8 @@ class RolloutManager:
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             **counts,
         }
+        if a.overlapped or a.partial_rollout:
+            metrics.update(staleness_metrics(samples, rollout_id))
         health = self.engine.health()
         if "restarts" in health:  # engine servers
             metrics["rollout/engine_restarts"] = float(health["restarts"])
@@ -447,7 +494,11 @@ class RolloutManager:
             stop()
 
     # ------------------------------------------------------------------ checkpoint state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, before_rollout: int | None = None) -> dict[str, Any]:
+        """The data position now, or (overlapped drivers) the one saved when rollout `before_rollout` began
+        drawing: a checkpoint taken while that rollout is under way then re-generates it on resume."""
+        if before_rollout is not None and before_rollout in self._state_before:
+            return self._state_before[before_rollout]
         return {"data_source": self.data_source.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
