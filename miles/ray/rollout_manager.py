@@ -167,6 +167,7 @@ class RolloutManager:
             )
         self.dynamic_filter = load_group_filter(r.dynamic_sampling_filter_path)
         self._state_before: dict[int, dict[str, Any]] = {}
+        self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
         rw = cfg.reward
         self.reward_post_process = load_function(rw.custom_reward_post_process_path, flag="--custom-reward-post-process-path")
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
@@ -341,12 +342,19 @@ class RolloutManager:
         """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
         d, a = self.cfg.data, self.cfg.asynchrony
         t0 = time.perf_counter()
-        if a.overlapped:
+        if a.train_async:
             # The data position before this rollout drew anything: what a checkpoint of the step before
             # must hold when this rollout is already under way (the overlapped drivers save it).
             self._state_before[rollout_id] = self.state_dict()
             self._state_before.pop(rollout_id - 2, None)
-        kept, counts, tokens = asyncio.run(self._collect(rollout_id))
+        if a.fully_async:
+            if self._async_worker is None:  # started by the first step, after a resume loaded the data position
+                from miles.ray.fully_async import AsyncRolloutWorker
+
+                self._async_worker = AsyncRolloutWorker(self)
+            kept, counts, tokens = self._async_worker.take(rollout_id)
+        else:
+            kept, counts, tokens = asyncio.run(self._collect(rollout_id))
         samples = [s for g in kept for s in g]
         train_data = samples_to_train_data(
             samples,
@@ -489,6 +497,8 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop engine servers and the router (no-op for the in-process engine)."""
+        if self._async_worker is not None:
+            self._async_worker.stop()
         stop = getattr(self.engine, "shutdown", None)
         if stop is not None:
             stop()
@@ -499,6 +509,8 @@ class RolloutManager:
         drawing: a checkpoint taken while that rollout is under way then re-generates it on resume."""
         if before_rollout is not None and before_rollout in self._state_before:
             return self._state_before[before_rollout]
+        if self._async_worker is not None:
+            return {"data_source": self._async_worker.state_dict()}
         return {"data_source": self.data_source.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
