@@ -21,14 +21,11 @@ import asyncio
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from miles.errors import StepFailed
 from miles.rollout.filters import apply_group_filter
 from miles.sample import Sample, SampleStatus
-
-if TYPE_CHECKING:
-    from miles.ray.rollout_manager import RolloutManager
 
 BUFFER_FACTOR = 2  # upstream's default --async-data-buffer-capacity-factor
 TAKE_TIMEOUT_S = 1800.0  # one step's worth of generation on a loaded CPU
@@ -41,8 +38,12 @@ def group_lag(group: list[Sample], trainer_version: int) -> int | None:
 
 
 class AsyncRolloutWorker:
-    def __init__(self, manager: "RolloutManager"):
+    """`manager`: the RolloutManager whose engine, prompt source, filter and rewards it uses; `as_fresh`:
+    how a group goes back to the prompt source (its prompt and numbering, no response)."""
+
+    def __init__(self, manager: Any, as_fresh: Callable[[Sample], Sample]):
         self.m = manager
+        self.as_fresh = as_fresh
         cfg = manager.cfg
         self.batch = cfg.data.rollout_batch_size
         self.capacity = BUFFER_FACTOR * self.batch
@@ -106,11 +107,9 @@ class AsyncRolloutWorker:
 
     def _finish(self, draw: int, g: list[Sample]) -> None:
         """A generated group: to the buffer, back to the prompt source (aborted), or dropped (filter)."""
-        from miles.ray.rollout_manager import _as_fresh
-
         if any(s.status == SampleStatus.ABORTED for s in g):
             self._counts["rollout/async_aborted_groups_regenerated"] += 1
-            self.m.data_source.add_samples([[_as_fresh(s) for s in g]])
+            self.m.data_source.add_samples([[self.as_fresh(s) for s in g]])
             return
         if self.m.dynamic_filter is not None:
             verdict = apply_group_filter(self.m.dynamic_filter, self.m.cfg.reward, g)
@@ -122,8 +121,6 @@ class AsyncRolloutWorker:
     # ------------------------------------------------------------------ trainer side
     def take(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
         """--rollout-batch-size groups within the staleness bound (oldest first), counts, generated tokens."""
-        from miles.ray.rollout_manager import _as_fresh
-
         kept: list[tuple[int, list[Sample]]] = []
         deadline = time.monotonic() + TAKE_TIMEOUT_S
         with self._cond:
@@ -141,7 +138,7 @@ class AsyncRolloutWorker:
                 lag = group_lag(g, rollout_id)
                 if self.bound is not None and lag is not None and lag > self.bound:
                     self._counts["rollout/stale_groups_regenerated"] += 1
-                    self.m.data_source.add_samples([[_as_fresh(s) for s in g]])
+                    self.m.data_source.add_samples([[self.as_fresh(s) for s in g]])
                     continue
                 kept.append((draw, g))
             self._cond.notify_all()  # room in the buffer: the worker draws again
@@ -153,12 +150,10 @@ class AsyncRolloutWorker:
     def state_dict(self) -> dict[str, Any]:
         """The prompt source's position with every buffered and in-flight group first in line, as fresh
         prompts: a resume re-generates them (no weights of the interrupted run are kept to continue them)."""
-        from miles.ray.rollout_manager import _as_fresh
-
         with self._cond:
             state = self.m.data_source.state_dict()
             waiting = sorted([*self._buffer, *self._in_flight.items()], key=lambda x: x[0])
-            state["buffer"] = [[_as_fresh(s).to_dict() for s in g] for _, g in waiting] + state["buffer"]
+            state["buffer"] = [[self.as_fresh(s).to_dict() for s in g] for _, g in waiting] + state["buffer"]
         return state
 
     def stop(self) -> None:

@@ -351,7 +351,7 @@ class RolloutManager:
             if self._async_worker is None:  # started by the first step, after a resume loaded the data position
                 from miles.ray.fully_async import AsyncRolloutWorker
 
-                self._async_worker = AsyncRolloutWorker(self)
+                self._async_worker = AsyncRolloutWorker(self, _as_fresh)
             kept, counts, tokens = self._async_worker.take(rollout_id)
         else:
             kept, counts, tokens = asyncio.run(self._collect(rollout_id))
