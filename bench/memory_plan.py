@@ -39,6 +39,7 @@ torch.manual_seed(0)
 Qwen3ForCausalLM(Qwen3Config(**cfgd)).save_pretrained(d)
 import gc; gc.collect()
 from miles.backends.torch import TorchBackend
+from miles.train.step import train_rollout
 from miles.config.memory_plan import plan_memory
 from miles.config.model_size import ModelSize, read_config
 from miles.config.resolve import build_config, resolve
@@ -53,7 +54,7 @@ g = torch.Generator().manual_seed(0)
 data = {"tokens": torch.randint(vocab, (batch, seq), generator=g).tolist(), "response_lengths": [response] * batch,
         "rewards": [float(i % 2) * 2 - 1 for i in range(batch)], "loss_masks": [[1] * response for _ in range(batch)],
         "rollout_log_probs": [[-1.0] * response for _ in range(batch)]}
-trainer.train_step(data, rollout_id=0)
+train_rollout(trainer, data, rollout_id=0)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 planned = plan.trainer_total - plan.trainer["CUDA context"]
 print(json.dumps({"planned": planned, "measured": peak - before, "params": ModelSize.from_hf_config(read_config(d)).total,

@@ -84,10 +84,10 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
 
         setattr(obj, name, wrapper)
 
-    # The trainer's internals (pinned to today's TorchBackend): when they move, the split degrades to
-    # the whole train_step rather than failing.
-    if hasattr(trainer, "_prepare_policy_inputs"):
-        timed(trainer, "_prepare_policy_inputs", "old log-probs + advantages")
+    # The RL step's phases (miles/train/step.py looks fill_policy_inputs up in its own namespace).
+    import miles.train.step as rl_step
+
+    timed(rl_step, "fill_policy_inputs", "old log-probs + advantages")
     timed(trainer.optimizer, "step", "optimizer step")
     rng = random.Random(0)
     for step in range(warmup + steps):
@@ -110,7 +110,7 @@ def in_process(engine_cfg: dict, steps: int, warmup: int) -> dict[str, float]:
                 "loss_masks": [[1] * len(o.output_ids) for o in out],
                 "rollout_log_probs": [list(o.output_token_logprobs) for o in out]}
         t3 = time.perf_counter()
-        trainer.train_step(data, rollout_id=step)
+        rl_step.train_rollout(trainer, data, rollout_id=step)
         t4 = time.perf_counter()
         engine.begin_weight_update()
         engine.update_weights_from_tensors(list(trainer.named_weights_for_sync()))

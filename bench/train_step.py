@@ -1,4 +1,4 @@
-"""Benchmark: `TorchBackend.train_step` (packed batch, vectorised loss) against a hand-written HF loop.
+"""Benchmark: `miles.train.step.train_rollout` on `TorchBackend` (packed batch, vectorised loss) against a hand-written HF loop.
 
 Baseline (measured in the same run, same model, same batch, same attention kernel "eager", same
 thread count): right-pad the batch, one forward of `AutoModelForCausalLM`, cross-entropy over the
@@ -80,6 +80,7 @@ def baseline_step_fn(hf_dir: str, data: dict, lr: float, fused: bool = False):
 
 def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_batch_size: int):
     from miles.backends.torch import TorchBackend
+    from miles.train.step import train_rollout
     from miles.config.algo import AlgoConfig
     from miles.config.engine import EngineConfig
     from miles.config.optimizer import OptimizerConfig
@@ -91,7 +92,7 @@ def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_ba
     cfg.optimizer = OptimizerConfig(lr=lr, seed=0)
     cfg.algo = AlgoConfig(loss_type=loss_type, eps_clip_high=0.2)
     trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")
-    return lambda: trainer.train_step(data, rollout_id=0)
+    return lambda: train_rollout(trainer, data, rollout_id=0)
 
 
 def main() -> None:

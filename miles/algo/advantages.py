@@ -82,6 +82,39 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]
 """Sums a tensor in place over the data-parallel group and returns it."""
 
 
+Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""`fn(cfg, *, rewards [B], kl [R], mask [R], segments, values [R] | None) -> (advantages [R], returns [R])`.
+
+Inputs are detached float32; `kl` is the per-token KL (zeros unless `--kl-coef`). Whitening
+(`--normalize-advantages`) is applied after the estimator, by `compute_advantages_and_returns`."""
+
+ESTIMATORS: dict[str, Estimator] = {}
+"""`--advantage-estimator` name -> estimator; filled by `@estimator`."""
+
+NEEDS_VALUES: set[str] = set()
+"""Estimators that read a critic's values (the RL step asks the backend for them)."""
+
+
+def estimator(*names: str, needs_values: bool = False) -> Callable[[Estimator], Estimator]:
+    """Register an advantage estimator under one or more `--advantage-estimator` names.
+
+    Adding an estimator is this decorator on one function here plus its name in
+    `miles.config.algo.AdvantageEstimator` (and, if its rewards are group-centred on the rollout side,
+    in `GROUP_BASELINE_ESTIMATORS`). `needs_values`: the RL step fetches critic values for it.
+    """
+
+    def register(fn: Estimator) -> Estimator:
+        for name in names:
+            if name in ESTIMATORS:
+                raise ValueError(f"advantage estimator {name!r} is registered twice")
+            ESTIMATORS[name] = fn
+            if needs_values:
+                NEEDS_VALUES.add(name)
+        return fn
+
+    return register
+
+
 def compute_advantages_and_returns(
     cfg: AlgoConfig,
     *,
@@ -112,31 +145,44 @@ def compute_advantages_and_returns(
     mask = loss_mask.detach().to(torch.float32)
     rewards = rewards.detach().to(torch.float32).reshape(-1).to(mask.device)
     kl = _token_kl(cfg, mask, log_probs, ref_log_probs)
-    estimator = cfg.advantage_estimator
-
-    if estimator in ("grpo", "gspo"):
-        advantages = segments.broadcast(rewards) * mask
-        returns = advantages.clone()
-    elif estimator == "reinforce_plus_plus_baseline":
-        advantages = (segments.broadcast(rewards) - cfg.kl_coef * kl) * mask
-        returns = advantages.clone()
-    elif estimator == "reinforce_plus_plus":
-        token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
-        advantages = _discounted_returns(token_rewards, mask, segments, gamma=cfg.gamma)
-        returns = advantages.clone()
-    elif estimator == "ppo":
-        if values is None:
-            raise ValueError("the ppo estimator needs the critic's values")
-        token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
-        advantages, returns = gae(
-            token_rewards, values.detach().to(torch.float32), mask, segments, gamma=cfg.gamma, lambd=cfg.lambd
-        )
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}")
-
+    fn = ESTIMATORS.get(cfg.advantage_estimator)
+    if fn is None:
+        raise ValueError(f"unknown advantage estimator {cfg.advantage_estimator!r}")
+    advantages, returns = fn(
+        cfg, rewards=rewards, kl=kl, mask=mask, segments=segments,
+        values=None if values is None else values.detach().to(torch.float32),
+    )
     if cfg.normalize_advantages:
         advantages = whiten(advantages, mask, all_reduce=all_reduce)
     return advantages, returns
+
+
+@estimator("grpo", "gspo")
+def _group_normalized_reward(cfg, *, rewards, kl, mask, segments, values):
+    """The (already group-normalised) reward on every trained token."""
+    advantages = segments.broadcast(rewards) * mask
+    return advantages, advantages.clone()
+
+
+@estimator("reinforce_plus_plus_baseline")
+def _reinforce_plus_plus_baseline(cfg, *, rewards, kl, mask, segments, values):
+    advantages = (segments.broadcast(rewards) - cfg.kl_coef * kl) * mask
+    return advantages, advantages.clone()
+
+
+@estimator("reinforce_plus_plus")
+def _reinforce_plus_plus(cfg, *, rewards, kl, mask, segments, values):
+    token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
+    advantages = _discounted_returns(token_rewards, mask, segments, gamma=cfg.gamma)
+    return advantages, advantages.clone()
+
+
+@estimator("ppo", needs_values=True)
+def _ppo(cfg, *, rewards, kl, mask, segments, values):
+    if values is None:
+        raise ValueError("the ppo estimator needs the critic's values")
+    token_rewards = _token_rewards(cfg, rewards, kl, mask, segments)
+    return gae(token_rewards, values, mask, segments, gamma=cfg.gamma, lambd=cfg.lambd)
 
 
 def _token_kl(

@@ -1,27 +1,31 @@
-"""The trainer interface: `PackedBatch` (what a loss sees) and `TrainerBackend` (one rank of a trainer).
+"""The trainer interface: `PackedBatch` (what a loss sees) and `TrainerBackend` (one rank's compute primitives).
 
-The driver and the rollout side talk to "a trainer" only through `TrainerBackend`; the torch backend
-(`miles.backends.torch.TorchBackend`) and the megatron backend (`miles.backends.megatron`) implement it.
+The RL step (`miles.train.step.train_rollout`) is written once, above the backends: it cuts a rollout
+into optimizer steps and micro-batches, asks a backend for the forwards it needs, computes advantages
+and the loss from `miles.algo`, and steps the optimizer through this interface. A backend (torch:
+`miles.backends.torch.TorchBackend`; megatron: `miles.backends.megatron.MegatronTrainer`) only
+computes: forwards, forward-backward with a loss it is given, an optimizer step at a given lr, metric
+and data-parallel reductions, checkpoints, offload and weight buckets. It holds no RL logic.
+
 Batches are packed: the tokens of B samples are concatenated into one stream with cumulative sequence
 lengths, and every per-token training quantity (loss mask, advantages, log-probs) is a flat [R] tensor
 over the response tokens of those samples, in sample order. `miles.algo` reduces over samples with
 segment reductions on `response_cu_seqlens` / `sample_index_of_token`.
 
 Build a `PackedBatch` from the rollout's per-sample train data with
-`miles.backends.packing.pack_samples(train_data, indices, device)`.
+`miles.train.packing.pack_samples(train_data, indices, device)`.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Callable, Iterator, Literal
 
 import torch
 
 if TYPE_CHECKING:
     from miles.config.engine import EngineConfig
-
 
 @dataclass
 class PackedBatch:
@@ -60,27 +64,96 @@ class PackedBatch:
         )
 
 
-class TrainerBackend(abc.ABC):
-    """One rank of a training backend. The caller (miles/ray/train_group.TrainWorker) has already
-    initialised torch.distributed (gloo on CPU / NCCL on GPU) when world_size > 1."""
+LossFn = Callable[[PackedBatch, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""`loss_fn(batch, log_probs, entropy) -> loss`: the scalar loss of one micro-batch, already divided by the
+whole global batch's normaliser (so the gradients of all micro-batches add up to the global batch's).
+It runs once per micro-batch, on the ranks that see the model's output (megatron: the last PP stage)."""
 
+
+class TrainerBackend(abc.ABC):
+    """One rank of a training backend: compute primitives for `miles.train`.
+
+    The caller (miles/ray/train_group.TrainWorker) has already initialised torch.distributed (gloo on
+    CPU / NCCL on GPU) when world_size > 1. Every method marked collective must be called on every
+    rank, in the same order.
+    """
+
+    cfg: "EngineConfig"
+    device: str
     is_weight_source: bool
     """True on the one rank that sends weights to the rollout engines."""
 
     def __init__(self, cfg: "EngineConfig", *, rank: int, world_size: int, device: str): ...
 
+    # --- data parallelism --------------------------------------------------------------------------
+    @property
     @abc.abstractmethod
+    def dp_rank(self) -> int:
+        """This rank's index in the data-parallel group (which slice of each global batch it trains)."""
+
+    @property
+    @abc.abstractmethod
+    def dp_size(self) -> int:
+        """The data-parallel group's size (TP/PP/CP ranks of one replica share a dp_rank)."""
+
+    @abc.abstractmethod
+    def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective: sum `t` in place over the data-parallel group and return it."""
+
+    @abc.abstractmethod
+    def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        """Collective: one step's metrics over the data-parallel group (`*_max` by max, `*_min` by min,
+        the rest by sum), the same dict on every rank (megatron: the last PP stage's, broadcast)."""
+
+    # --- forwards ----------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def has_reference(self) -> bool:
+        """A frozen reference model is loaded (it is when a KL term needs its log-probs)."""
+
+    @abc.abstractmethod
+    def forward(
+        self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Collective, no grad: per micro-batch, log-probs [R] (and entropy [R]) of its response tokens,
+        with the logits divided by cfg.rollout.rollout_temperature (upstream's rule, so the trainer
+        and the engine score the same policy). Every rank (every PP stage) gets the results."""
+
     def compute_log_probs(
         self, batch: PackedBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-response-token log-probs [R] (and entropy [R]) of the batch's response tokens, no grad,
-        with the logits divided by cfg.rollout.rollout_temperature (upstream's rule, so the trainer
-        and the engine score the same policy)."""
+        """`forward` of one batch (it runs as one forward: pack micro-batch-sized batches for big rollouts)."""
+        return self.forward([batch], model=model, with_entropy=with_entropy)[0]
+
+    def values(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
+        """Collective, no grad: a critic's value [R] of every response token, per micro-batch.
+
+        The seam for PPO's critic (`--advantage-estimator ppo`); no backend trains a critic yet."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no critic (value model) yet, so --advantage-estimator ppo cannot run"
+        )
+
+    # --- training ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def forward_backward(
+        self, batches: list[PackedBatch], loss_fn: LossFn, *, with_entropy: bool, entropy_grad: bool
+    ) -> None:
+        """Collective: zero the gradients, then forward and backward every micro-batch of one optimizer
+        step with `loss_fn`, accumulating gradients (and reducing them over data parallelism as a
+        sum). `entropy_grad`: gradients flow through the entropy (only when it is in the loss)."""
+
+    @property
+    @abc.abstractmethod
+    def num_optimizer_steps(self) -> int:
+        """Optimizer steps taken so far (skipped steps do not count): the LR schedule's whole state,
+        saved with the checkpoint."""
 
     @abc.abstractmethod
-    def train_step(self, train_data: dict, *, rollout_id: int) -> dict[str, float]:
-        """One rollout's optimizer steps (num_steps_per_rollout x global_batch_size); train/* and perf/* metrics."""
+    def optimizer_step(self, lr: float) -> tuple[float, bool]:
+        """Collective: clip (--clip-grad) and step at learning rate `lr`; returns (global grad norm,
+        whether the step was taken). A non-finite gradient skips the step and drops the gradients."""
 
+    # --- state -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def offload(self) -> None: ...
 

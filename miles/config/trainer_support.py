@@ -42,7 +42,7 @@ GAPS: tuple[Gap, ...] = (
         "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "
         "MixedPrecisionPolicy on the torch backends, with weights sent to engines in the engine's dtype"),
     Gap("use_dynamic_batch_size", bool, ALL,
-        "micro-batches are cut by sample count only (miles/backends/torch/batching.py)",
+        "micro-batches are cut by sample count only (miles/train/batching.py, cut_micro_batches)",
         "token-budget micro-batches of --max-tokens-per-gpu, length-balanced over the data-parallel ranks, each rank "
         "sent only its shard"),
     Gap("context_parallel_size", lambda v: v > 1, ("megatron",),

@@ -50,6 +50,7 @@ def sft_warm_start(
         from transformers import AutoTokenizer
 
         from miles.backends.torch import TorchBackend
+        from miles.train.step import train_rollout
         from miles.ckpt.hf_export import export_hf
         from miles.config.algo import AlgoConfig
         from miles.config.engine import EngineConfig
@@ -86,7 +87,7 @@ def sft_warm_start(
                     "loss_masks": [[1] * n for _, n in batch],
                     "rewards": [0.0] * batch_size,
                 }
-                trainer.train_step(train_data, rollout_id=step)
+                train_rollout(trainer, train_data, rollout_id=step)
                 bar.advance(task)
         export_hf(dict(trainer.named_weights_for_sync()), base_model, tmp)
 

@@ -49,7 +49,7 @@ class AsyncRolloutWorker:
         self.capacity = BUFFER_FACTOR * self.batch
         self.bound = cfg.asynchrony.max_weight_staleness
         self._cond = threading.Condition()
-        self._buffer: collections.deque[tuple[int, list[Sample]]] = collections.deque()
+        self._buffer: collections.deque[tuple[int, list[Sample], list[Sample]]] = collections.deque()  # (draw, prompts, samples)
         self._in_flight: dict[int, list[Sample]] = {}
         self._draws = 0
         self._error: BaseException | None = None
@@ -90,33 +90,35 @@ class AsyncRolloutWorker:
         tasks: dict[asyncio.Future, int] = {}
         while not self._stop:
             for draw, g in self._draw():
-                with self.m._submitting():
-                    futures = self.m._submit(g, rollout_id=draw, purpose="async", params=params, rid=f"async-{draw:08d}-")
-                tasks[asyncio.ensure_future(self.m._group(g, futures))] = draw
+                # The engine client sends the requests of every task created in this turn together.
+                task = self.m._group(g, rollout_id=draw, purpose="async", params=params, rid=f"async-{draw:08d}-")
+                tasks[asyncio.ensure_future(task)] = draw
             if not tasks:
                 await asyncio.sleep(0.05)  # the buffer is full: the trainer takes from it
                 continue
             done, _ = await asyncio.wait(tasks, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 draw = tasks.pop(task)
-                self._tokens += task.result()
+                samples, tokens = task.result()
+                self._tokens += tokens
                 with self._cond:
-                    g = self._in_flight.pop(draw)
-                    self._finish(draw, g)
+                    g = self._in_flight.pop(draw)  # the drawn prompts: what goes back when not trained
+                    self._finish(draw, g, samples)
                     self._cond.notify_all()
 
-    def _finish(self, draw: int, g: list[Sample]) -> None:
-        """A generated group: to the buffer, back to the prompt source (aborted), or dropped (filter)."""
-        if any(s.status == SampleStatus.ABORTED for s in g):
+    def _finish(self, draw: int, g: list[Sample], samples: list[Sample]) -> None:
+        """A generated group (`samples`, made of the drawn `g`): to the buffer, back to the prompt source
+        (a sample was aborted, e.g. by a weight update), or dropped (the dynamic-sampling filter)."""
+        if any(s.status == SampleStatus.ABORTED for s in samples):
             self._counts["rollout/async_aborted_groups_regenerated"] += 1
             self.m.data_source.add_samples([[self.as_fresh(s) for s in g]])
             return
         if self.m.dynamic_filter is not None:
-            verdict = apply_group_filter(self.m.dynamic_filter, self.m.cfg.reward, g)
+            verdict = apply_group_filter(self.m.dynamic_filter, self.m.cfg.reward, samples)
             if not verdict.keep:
                 self._counts[f"rollout/dynamic_filter/drop_{verdict.reason}"] += 1
                 return
-        self._buffer.append((draw, g))
+        self._buffer.append((draw, g, samples))
 
     # ------------------------------------------------------------------ trainer side
     def take(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
@@ -134,13 +136,13 @@ class AsyncRolloutWorker:
                             f"({len(kept)} of {self.batch} ready, {len(self._in_flight)} in flight)"
                         )
                     continue
-                draw, g = self._buffer.popleft()
-                lag = group_lag(g, rollout_id)
+                draw, g, samples = self._buffer.popleft()
+                lag = group_lag(samples, rollout_id)
                 if self.bound is not None and lag is not None and lag > self.bound:
                     self._counts["rollout/stale_groups_regenerated"] += 1
                     self.m.data_source.add_samples([[self.as_fresh(s) for s in g]])
                     continue
-                kept.append((draw, g))
+                kept.append((draw, samples))
             self._cond.notify_all()  # room in the buffer: the worker draws again
             counts, self._counts = dict(self._counts), collections.defaultdict(float)
             tokens, self._tokens = self._tokens, 0
@@ -152,7 +154,7 @@ class AsyncRolloutWorker:
         prompts: a resume re-generates them (no weights of the interrupted run are kept to continue them)."""
         with self._cond:
             state = self.m.data_source.state_dict()
-            waiting = sorted([*self._buffer, *self._in_flight.items()], key=lambda x: x[0])
+            waiting = sorted([*((d, g) for d, g, _ in self._buffer), *self._in_flight.items()], key=lambda x: x[0])
             state["buffer"] = [[self.as_fresh(s).to_dict() for s in g] for _, g in waiting] + state["buffer"]
         return state
 

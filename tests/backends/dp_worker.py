@@ -127,6 +127,8 @@ def train_reference_rollouts(
     import torch
     from backend_fixtures import make_train_data
 
+    from miles.train.step import train_rollout
+
     trainer = make_backend(hf_dir, rank, world_size, train_backend)
     losses, norms = [], []
     for rollout_id in range(ROLLOUTS):
@@ -136,7 +138,7 @@ def train_reference_rollouts(
             trainer.load_checkpoint(checkpoint_dir)
         data = make_train_data(8, seed=200 + rollout_id)
         data["rewards"] = [r * (1 + i % 3) for i, r in enumerate(data["rewards"])]  # uneven, so whitening matters
-        metrics = trainer.train_step(data, rollout_id=rollout_id)
+        metrics = train_rollout(trainer, data, rollout_id=rollout_id)
         losses.append(metrics["train/loss"])
         norms.append(metrics["train/grad_norm"])
         torch.rand(rank + rollout_id + 1)  # each rank's generator moves differently, as sampling code would

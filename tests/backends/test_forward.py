@@ -9,7 +9,8 @@ import pytest
 import torch
 from backend_fixtures import make_train_data
 
-from miles.backends.packing import pack_samples, position_ids, response_positions
+from miles.backends.packing import position_ids, response_positions
+from miles.train.packing import pack_samples
 from miles.backends.torch.forward import ResponseLogits, choose_layout, response_log_probs
 
 

@@ -13,7 +13,7 @@ import torch
 from backend_fixtures import make_engine_cfg
 
 from miles.algo.entropy import entropy_from_logits
-from miles.backends.packing import pack_samples
+from miles.train.packing import pack_samples
 from miles.backends.torch.forward import scale_logits_by_temperature
 from miles.backends.torch.trainer import TorchBackend
 from miles.prepare.tiny_model import create_tiny_qwen3

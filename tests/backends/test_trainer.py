@@ -10,9 +10,10 @@ import torch
 from backend_fixtures import make_engine_cfg, make_train_data
 
 from miles.backends.base import TrainerBackend
-from miles.backends.packing import pack_samples
 from miles.backends.torch import TorchBackend
 from miles.config.algo import AlgoConfig
+from miles.train.packing import pack_samples
+from miles.train.step import train_rollout
 
 
 def algo(**kw) -> AlgoConfig:
@@ -55,8 +56,8 @@ def test_gradient_accumulation_over_micro_batches_equals_one_big_batch(tiny_hf_d
     cfg = algo(calculate_per_token_loss=per_token)
     small = make_trainer(tiny_hf_dir, micro_batch_size=1, algo=cfg, clip_grad=0.0)
     big = make_trainer(tiny_hf_dir, micro_batch_size=8, algo=cfg, clip_grad=0.0)
-    m_small = small.train_step(data, rollout_id=0)
-    m_big = big.train_step(data, rollout_id=0)
+    m_small = train_rollout(small, data, rollout_id=0)
+    m_big = train_rollout(big, data, rollout_id=0)
     g_small, g_big = grads(small), grads(big)
     worst = max((g_small[k] - g_big[k]).abs().max().item() for k in g_small)
     assert worst <= 1e-6, worst
@@ -68,12 +69,12 @@ def test_gradient_accumulation_over_micro_batches_equals_one_big_batch(tiny_hf_d
 def test_grad_norm_is_the_l2_norm_and_clipping_bounds_it(tiny_hf_dir):
     data = make_train_data(4, seed=2)
     unclipped = make_trainer(tiny_hf_dir, clip_grad=0.0)
-    m = unclipped.train_step(data, rollout_id=0)
+    m = train_rollout(unclipped, data, rollout_id=0)
     by_hand = math.sqrt(sum(float(g.double().square().sum()) for g in grads(unclipped).values()))
     assert m["train/grad_norm"] == pytest.approx(by_hand, rel=1e-5)
 
     clipped = make_trainer(tiny_hf_dir, clip_grad=by_hand / 4)
-    m2 = clipped.train_step(data, rollout_id=0)
+    m2 = train_rollout(clipped, data, rollout_id=0)
     assert m2["train/grad_norm"] == pytest.approx(by_hand, rel=1e-5)  # reported before clipping
     after = math.sqrt(sum(float(g.double().square().sum()) for g in grads(clipped).values()))
     assert after == pytest.approx(by_hand / 4, rel=1e-4)
@@ -81,14 +82,14 @@ def test_grad_norm_is_the_l2_norm_and_clipping_bounds_it(tiny_hf_dir):
 
 def test_first_on_policy_step_has_ratio_one_and_rollout_logprobs_replace_it(tiny_hf_dir):
     data = make_train_data(6, seed=3, with_rollout_log_probs=True)
-    m = make_trainer(tiny_hf_dir, micro_batch_size=4).train_step(data, rollout_id=0)
+    m = train_rollout(make_trainer(tiny_hf_dir, micro_batch_size=4), data, rollout_id=0)
     # old log-probs come from the same micro-batches as the training forward: identical numbers
     assert m["train/ppo_kl"] == 0.0 and m["train/pg_clipfrac"] == 0.0
     assert m["train/train_rollout_logprob_abs_diff"] > 0.1  # the fake rollout log-probs are far off
 
     trainer = make_trainer(tiny_hf_dir, micro_batch_size=4, algo=algo(use_rollout_logprobs=True))
     current = log_probs(trainer, data)
-    m_roll = trainer.train_step(data, rollout_id=0)
+    m_roll = train_rollout(trainer, data, rollout_id=0)
     masks = [torch.tensor(x, dtype=torch.float32) for x in data["loss_masks"]]
     expected = sum(
         float(((torch.tensor(r) - c) * mk).sum() / mk.sum())
@@ -115,7 +116,7 @@ def test_policy_step_raises_rewarded_and_lowers_punished_responses(tiny_hf_dir):
     data["rewards"] = [1.0, -1.0, 1.0, -1.0]
     trainer = make_trainer(tiny_hf_dir, lr=1e-2)
     before = log_probs(trainer, data)
-    trainer.train_step(data, rollout_id=0)
+    train_rollout(trainer, data, rollout_id=0)
     after = log_probs(trainer, data)
     change = [float((a - b).sum()) for a, b in zip(after, before)]
     assert change[0] > 0 and change[2] > 0 and change[1] < 0 and change[3] < 0, change
@@ -124,11 +125,11 @@ def test_policy_step_raises_rewarded_and_lowers_punished_responses(tiny_hf_dir):
 def test_sft_loss_decreases(tiny_hf_dir):
     data = make_train_data(8, seed=5)
     trainer = make_trainer(tiny_hf_dir, micro_batch_size=4, algo=algo(loss_type="sft_loss"), lr=1e-2)
-    losses = [trainer.train_step(data, rollout_id=i)["train/loss"] for i in range(15)]
+    losses = [train_rollout(trainer, data, rollout_id=i)["train/loss"] for i in range(15)]
     # a random model over 32 tokens starts near -log(1/32) = 3.47 nats per token
     assert 3.0 < losses[0] < 4.0
     assert losses[-1] < 0.6 * losses[0], losses
-    assert set(trainer.train_step(data, rollout_id=15)) >= {"train/loss", "train/grad_norm", "train/lr"}
+    assert set(train_rollout(trainer, data, rollout_id=15)) >= {"train/loss", "train/grad_norm", "train/lr"}
 
 
 def test_metric_names_with_kl_loss_and_reference_model(tiny_hf_dir):
@@ -137,11 +138,11 @@ def test_metric_names_with_kl_loss_and_reference_model(tiny_hf_dir):
     kw = dict(algo=cfg, lr=1e-2, global_batch_size=4, num_steps_per_rollout=2, n_samples_per_prompt=2)
     trainer = make_trainer(tiny_hf_dir, **kw)
     assert trainer.ref_model is not None
-    first = trainer.train_step(data, rollout_id=0)
+    first = train_rollout(trainer, data, rollout_id=0)
     for name in ("loss", "pg_loss", "grad_norm", "lr", "pg_clipfrac", "ppo_kl", "kl_loss", "entropy_loss", "ratio_max"):
         assert f"train/{name}" in first, name
     assert first["train/kl_loss"] > 0  # the second step of the rollout already moved away from the reference
-    second = trainer.train_step(data, rollout_id=1)
+    second = train_rollout(trainer, data, rollout_id=1)
     assert second["train/kl_loss"] > first["train/kl_loss"]
     with pytest.raises(RuntimeError, match="reference"):
         make_trainer(tiny_hf_dir).compute_log_probs(pack_samples(data, [0], "cpu"), model="ref")
@@ -150,15 +151,16 @@ def test_metric_names_with_kl_loss_and_reference_model(tiny_hf_dir):
 def test_lr_schedule_advances_once_per_optimizer_step(tiny_hf_dir):
     data = make_train_data(8, seed=7)
     trainer = make_trainer(tiny_hf_dir, lr=1.0e-3, lr_warmup_iters=4, global_batch_size=4, num_steps_per_rollout=2)
-    m = trainer.train_step(data, rollout_id=0)
+    m = train_rollout(trainer, data, rollout_id=0)
     assert m["train/lr"] == pytest.approx(5e-4)  # the second step of the warmup: 1e-3 * 2 / 4
-    assert trainer.scheduler.num_steps == 2
+    assert trainer.num_optimizer_steps == 2
+    assert all(g["lr"] == pytest.approx(5e-4) for g in trainer.optimizer.param_groups)  # every group got it
 
 
 def test_samples_need_not_form_whole_groups(tiny_hf_dir):
     # Group statistics are taken on the rollout side; the trainer's estimators work per sample, so a
     # rank holding part of a group (here 6 samples of groups of 4) trains (issue 9: it used to raise).
-    m = make_trainer(tiny_hf_dir, n_samples_per_prompt=4).train_step(make_train_data(6), rollout_id=0)
+    m = train_rollout(make_trainer(tiny_hf_dir, n_samples_per_prompt=4), make_train_data(6), rollout_id=0)
     assert m["train/grad_norm"] > 0
 
 
@@ -172,7 +174,7 @@ RESUME = dict(
 def _run(trainer: TorchBackend, rollouts: range) -> list[float]:
     losses = []
     for r in rollouts:
-        losses.append(trainer.train_step(make_train_data(8, seed=100 + r), rollout_id=r)["train/loss"])
+        losses.append(train_rollout(trainer, make_train_data(8, seed=100 + r), rollout_id=r)["train/loss"])
         torch.rand(r + 1)  # stands in for code that draws random numbers (dropout, sampling) during training
     return losses
 
@@ -211,7 +213,7 @@ def test_resume_from_a_per_rank_checkpoint_equals_uninterrupted_run_bit_for_bit(
     for k in s_opt:
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(s_opt[k][name], r_opt[k][name]), (k, name)
-    assert resumed.scheduler.num_steps == straight.scheduler.num_steps == 8
+    assert resumed.num_optimizer_steps == straight.num_optimizer_steps == 8
     assert torch.equal(torch.rand(4), straight_rng)  # the RNG streams continue where they were
 
 
@@ -219,7 +221,7 @@ def test_checkpoint_weights_read_without_a_model(tiny_hf_dir, tmp_path):
     from miles.backends.torch.checkpoint import read_model_weights
 
     t = make_trainer(tiny_hf_dir, lr=1e-2)
-    t.train_step(make_train_data(4, seed=1), rollout_id=0)
+    train_rollout(t, make_train_data(4, seed=1), rollout_id=0)
     t.save_checkpoint(str(tmp_path))
     assert_bit_equal(read_model_weights(str(tmp_path)), weights(t))
 
@@ -248,9 +250,9 @@ def test_data_parallel_needs_an_initialised_process_group(tiny_hf_dir):
 def test_single_step_rollouts_reuse_the_training_forward_as_old_log_probs(tiny_hf_dir):
     data = make_train_data(8, seed=9, with_rollout_log_probs=True)
     fast, slow = make_trainer(tiny_hf_dir), make_trainer(tiny_hf_dir)
-    slow.reuse_on_policy_log_probs = False
     for r in range(2):
-        m_fast, m_slow = fast.train_step(data, rollout_id=r), slow.train_step(data, rollout_id=r)
+        m_fast = train_rollout(fast, data, rollout_id=r)
+        m_slow = train_rollout(slow, data, rollout_id=r, reuse_on_policy_log_probs=False)
         assert {k: v for k, v in m_fast.items() if k.startswith("train/")} == {
             k: v for k, v in m_slow.items() if k.startswith("train/")
         }
@@ -263,8 +265,8 @@ def test_two_steps_per_rollout_still_compute_old_log_probs_before_the_first_upda
     data = make_train_data(8, seed=11, with_rollout_log_probs=True)
     kw = dict(global_batch_size=4, num_steps_per_rollout=2, lr=1e-2)
     default, separate = make_trainer(tiny_hf_dir, **kw), make_trainer(tiny_hf_dir, **kw)
-    separate.reuse_on_policy_log_probs = False  # always the separate no-grad pass
-    m_default, m_separate = default.train_step(data, rollout_id=0), separate.train_step(data, rollout_id=0)
+    m_default = train_rollout(default, data, rollout_id=0)
+    m_separate = train_rollout(separate, data, rollout_id=0, reuse_on_policy_log_probs=False)  # always the separate no-grad pass
     train = lambda m: {k: v for k, v in m.items() if k.startswith("train/")}  # noqa: E731
     assert train(m_default) == train(m_separate)
     assert_bit_equal(weights(default), weights(separate))

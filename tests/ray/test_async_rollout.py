@@ -24,13 +24,14 @@ def _bump(m, version: int) -> None:
 def _aborted_partway(m, tokens: int):
     """The first prompt group generated for `tokens` tokens and given back as an abort leaves it: what the
     over-sampling abort gives back under --partial-rollout, without depending on when the abort lands."""
+    import asyncio
     import dataclasses
 
     from miles.rollout.engine.base import SamplingParams
 
     [group] = m.data_source.get_samples(1, m.cfg.data.n_samples_per_prompt)
     params = dataclasses.replace(SamplingParams.from_rollout_config(m.cfg.rollout), max_new_tokens=tokens)
-    m._generate(group, rollout_id=0, purpose="train", params=params)
+    asyncio.run(m._generate_group(group, rollout_id=0, purpose="train", params=params))
     for s in group:
         assert s.response_length == tokens
         s.status = SampleStatus.ABORTED
@@ -59,8 +60,14 @@ def test_partial_rollout_continues_earlier_tokens_and_log_probs(setup):  # noqa:
     submit = m.engine.submit
     m.engine.submit = lambda q: (sent.append(list(q.input_ids)), submit(q))[1]
     captured = {}
-    fill = m._fill
-    m._fill = lambda s, r: (fill(s, r), captured.__setitem__(s.index, s))[0]
+    generate_fn = m.generate_fn
+
+    async def spy(input):
+        out = await generate_fn(input)
+        captured[input.sample.index] = input.sample
+        return out
+
+    m.generate_fn = spy
     out = m.generate(1)
     assert out["metrics"]["rollout/partial_continued_samples"] == 2.0
     for i, (tokens, logprobs, versions) in before.items():
@@ -86,11 +93,10 @@ def test_mask_offpolicy_zeroes_the_old_policy_tokens(setup):  # noqa: F811
 
 
 def _fill_buffer(m, timeout=120.0):
+    """Wait (up to `timeout`) until the worker's buffer is full: groups of the current version wait there."""
     w = m._async_worker
     deadline = time.monotonic() + timeout
-    while len(w._buffer) < w.capacity - 0 and time.monotonic() < deadline:
-        if not w._in_flight and len(w._buffer) >= w.capacity:
-            break
+    while len(w._buffer) < w.capacity and time.monotonic() < deadline:
         time.sleep(0.1)
 
 

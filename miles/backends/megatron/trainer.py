@@ -7,14 +7,13 @@ megatron-core's own schedule (`get_forward_backward_func`: no pipelining, or 1F1
 on packed micro-batches (forward.py). On a machine without CUDA it runs over gloo through the
 patches of `miles.ckpt.megatron_compat`.
 
-One `train_step(train_data, rollout_id=...)`, in the torch backend's order: cut the rollout into
-`num_steps_per_rollout` optimizer steps of `global_batch_size` samples, this DP rank's share in
-micro-batches of `micro_batch_size`; old (and reference) log-probs with a forward-only pass;
-advantages; per step: forward/backward of every micro-batch, megatron's gradient all-reduce
-(`finalize_model_grads`), clip, Adam step at `lr_at(step)`. Each micro-batch's loss is normalised by
-the whole global batch, so the accumulated gradient is the gradient of the global batch's mean loss
-however the batch is cut; megatron divides each loss by the micro-batch count and the DP size
-(it averages), which `_LOSS_SCALE` undoes.
+The RL step (`miles.train.step.train_rollout`) drives it through the `TrainerBackend` primitives:
+`forward` (old/reference log-probs: one forward-only schedule over all micro-batches),
+`forward_backward` of one step's micro-batches with the loss it is given (megatron's gradient
+all-reduce, `finalize_model_grads`, included), and `optimizer_step(lr)` (clip, Adam). Each
+micro-batch's loss is normalised by the whole global batch, so the accumulated gradient is the
+gradient of the global batch's mean loss however the batch is cut; megatron divides each loss by the
+micro-batch count and the DP size (it averages), which `forward_backward` undoes.
 
 Checkpoints (`save_checkpoint` / `load_checkpoint`, collective): model + optimizer through
 `dist_checkpointing` (torch_dist; each rank writes its own shards), and per rank a small file with
@@ -26,7 +25,6 @@ Use: `MegatronTrainer(cfg, rank=r, world_size=w, device="cpu")` after `torch.dis
 from __future__ import annotations
 
 import math
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -34,20 +32,11 @@ from typing import Any, Iterator, Literal
 import torch
 import torch.distributed as dist
 
-from miles.backends.base import PackedBatch, TrainerBackend
+from miles.backends.base import LossFn, PackedBatch, TrainerBackend
 from miles.backends.megatron import model as mm
 from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
 from miles.backends.megatron.parallel import check_hardware, check_layout, check_model, init_parallel, options_from_config
-from miles.backends.loss import combine_metric
-from miles.backends.packing import pack_samples
 from miles.errors import UserError
-
-
-def _policy_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: PackedBatch, cfg, normalizer: float):
-    """The shared packed loss (miles/backends/loss.py), the same call the torch backend makes."""
-    from miles.backends.loss import packed_loss
-
-    return packed_loss(cfg, log_probs, entropy, batch, normalizer)
 
 
 class MegatronTrainer(TrainerBackend):
@@ -110,8 +99,20 @@ class MegatronTrainer(TrainerBackend):
         return a.use_kl_loss or a.kl_coef != 0
 
     @property
-    def is_sft(self) -> bool:
-        return self.cfg.algo.loss_type == "sft_loss"
+    def has_reference(self) -> bool:
+        return self.ref_model is not None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.ps.get_data_parallel_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.ps.get_data_parallel_world_size()
+
+    def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.ps.get_data_parallel_group())
+        return t
 
     @property
     def temperature(self) -> float:
@@ -172,119 +173,44 @@ class MegatronTrainer(TrainerBackend):
             ents = self._broadcast_from_last_stage([o["entropy"] for o in out] if out else [None] * len(batches), sizes)
         return lps, ents
 
-    def compute_log_probs(self, batch: PackedBatch, *, model: Literal["actor", "ref"] = "actor",
-                          with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        lps, ents = self._log_probs([batch], model=model, with_entropy=with_entropy)
-        return lps[0], (ents[0] if ents is not None else None)
+    def forward(self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor",
+                with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """One forward-only schedule over all `batches`; every PP stage gets the last stage's results."""
+        lps, ents = self._log_probs(batches, model=model, with_entropy=with_entropy)
+        return list(zip(lps, ents if ents is not None else [None] * len(lps)))
 
     # ----------------------------------------------------------------------------------------------
-    def train_step(self, train_data: dict, *, rollout_id: int) -> dict[str, float]:
-        from miles.backends.torch.batching import plan_steps
-
-        t0 = time.perf_counter()
-        ps, d = self.ps, self.cfg.data
-        dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        n = len(train_data["tokens"])
-        plans = plan_steps(n, global_batch_size=d.global_batch_size, num_steps=d.num_steps_per_rollout or 1,
-                           micro_batch_size=self.cfg.train.micro_batch_size, dp_rank=dp_rank, dp_world_size=dp_size)
-        batches = [[pack_samples(train_data, mb, self.device) for mb in p.micro_batches] for p in plans]
-        if not self.is_sft:
-            self._fill_policy_inputs(train_data, plans, batches, rollout_id)
-        step_metrics = [self._optimizer_step(train_data, plan, mbs) for plan, mbs in zip(plans, batches)]
-        metrics: dict[str, float] = {}
-        for key in step_metrics[0]:
-            values = [m[key] for m in step_metrics]
-            metrics[key] = (values[-1] if key == "train/lr" else max(values) if key.endswith("_max")
-                            else min(values) if key.endswith("_min") else sum(values) / len(values))
-        elapsed = time.perf_counter() - t0
-        tokens = sum(len(train_data["tokens"][i]) for p in plans for i in p.global_indices)
-        metrics["perf/train_step_time"] = elapsed
-        metrics["perf/train_tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
-        return metrics
-
-    def _fill_policy_inputs(self, train_data: dict, plans, batches: list[list[PackedBatch]], rollout_id: int) -> None:
-        """Fill old/ref log-probs, advantages and returns of every micro-batch of this rank (one
-        vectorised call into miles.algo.advantages over all of them, as the torch backend does).
-
-        No whole-groups requirement: group statistics were taken over whole groups on the rollout side
-        and every estimator works per sample, so a DP rank may hold part of a group;
-        `--normalize-advantages` whitens with statistics summed over megatron's data-parallel group."""
-        from miles.algo.advantages import compute_advantages_and_returns
-        from miles.algo.segments import Segments
-
-        a = self.cfg.algo
-        flat = [b for mbs in batches for b in mbs]
-        local = [i for p in plans for i in p.local_indices]
-        if a.use_rollout_logprobs:
-            if any(b.rollout_log_probs is None for b in flat):
-                raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
-            old = [b.rollout_log_probs for b in flat]
-        else:
-            old, _ = self._log_probs(flat, model="actor", with_entropy=False)
-        ref = self._log_probs(flat, model="ref", with_entropy=False)[0] if self.ref_model is not None else None
-        for i, b in enumerate(flat):
-            b.old_log_probs = old[i]
-            if ref is not None:
-                b.ref_log_probs = ref[i]
-        dp_group = self.ps.get_data_parallel_group() if self.ps.get_data_parallel_world_size() > 1 else None
-
-        def dp_sum(t: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(t, group=dp_group)
-            return t
-
-        advantages, returns = compute_advantages_and_returns(
-            a,
-            rewards=torch.tensor([float(train_data["rewards"][i]) for i in local], dtype=torch.float32, device=self.device),
-            loss_mask=torch.cat([b.loss_mask for b in flat]),
-            segments=Segments.from_lengths(torch.cat([b.response_lengths for b in flat])),
-            n_samples_per_prompt=self.cfg.data.n_samples_per_prompt,
-            log_probs=torch.cat(old),
-            ref_log_probs=torch.cat(ref) if ref is not None else None,
-            all_reduce=dp_sum if dp_group is not None else None,
-        )
-        sizes = [b.loss_mask.numel() for b in flat]
-        for b, adv, ret in zip(flat, advantages.split(sizes), returns.split(sizes)):
-            b.advantages, b.returns = adv, ret
-
-    def _optimizer_step(self, train_data: dict, plan, mbs: list[PackedBatch]) -> dict[str, float]:
-        from miles.backends.torch.optim import lr_at
-
-        cfg, ps = self.cfg.algo, self.ps
-        if cfg.calculate_per_token_loss:
-            normalizer = float(sum(sum(train_data["loss_masks"][i]) for i in plan.global_indices))
-        else:
-            normalizer = float(len(plan.global_indices))
+    def forward_backward(self, batches: list[PackedBatch], loss_fn: LossFn, *, with_entropy: bool, entropy_grad: bool) -> None:
         # megatron's schedule divides each micro-batch loss by their count and DDP averages over DP;
         # our losses are already normalised by the global batch, so undo both.
-        scale = len(mbs) * ps.get_data_parallel_world_size()
-        sums: dict[str, float] = {}
-        entropy_grad = cfg.entropy_coef != 0
+        scale = len(batches) * self.ps.get_data_parallel_world_size()
 
-        def loss_fn(batch: PackedBatch, lp: torch.Tensor, ent: torch.Tensor | None):
+        def scaled(batch: PackedBatch, lp: torch.Tensor, ent: torch.Tensor | None):
             if ent is not None and not entropy_grad:
                 ent = ent.detach()
-            loss, metrics = _policy_loss(lp, None if self.is_sft else ent, batch, cfg, normalizer)
-            for key, value in {"loss": loss, **metrics}.items():
-                combine_metric(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
-            return loss * scale, {}
+            return loss_fn(batch, lp, ent) * scale, {}
 
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._run(self.model, mbs, forward_only=False, with_entropy=not self.is_sft, loss_fn=loss_fn)
-        lr = lr_at(self.num_steps, self.cfg.optimizer)
+        self._run(self.model, batches, forward_only=False, with_entropy=with_entropy, loss_fn=scaled)
+
+    @property
+    def num_optimizer_steps(self) -> int:
+        return self.num_steps
+
+    def optimizer_step(self, lr: float) -> tuple[float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         ok, grad_norm, _ = self.optimizer.step()
         grad_norm = float(grad_norm) if grad_norm is not None else 0.0
-        skipped = 0.0
         if ok and math.isfinite(grad_norm):
             self.num_steps += 1
-        else:
-            skipped = 1.0
-        out = {f"train/{k}": v for k, v in self._reduce_metrics(sums).items()}
-        out.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/skipped_step": skipped})
-        return out
+            return grad_norm, True
+        return grad_norm, False
+
+    def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        return self._reduce_metrics(local)
 
     def _reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
         """Sum (max/min) over DP ranks of the last stage, then hand the result to every PP stage."""

@@ -28,7 +28,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from miles.backends.torch.optim import LRSchedule
+from miles.backends.torch.optim import StepCounter
 from miles.backends.torch.rng import rng_state_tensors, set_rng_state_tensors
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def _rng_key(rank: int) -> str:
     return f"rng_rank_{rank}"
 
 
-def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRSchedule, rank: int) -> None:
+def save(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {
         "model": model_sd,
@@ -71,7 +71,7 @@ def saved_keys(directory: str) -> set[str]:
     return set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
 
 
-def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRSchedule, rank: int) -> None:
+def load(directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: StepCounter, rank: int) -> None:
     if not (Path(directory) / METADATA).is_file():
         raise FileNotFoundError(f"{directory} is not a torch.distributed.checkpoint directory (no {METADATA})")
     model_sd, optim_sd = get_state_dict(model, optimizer)

@@ -1,27 +1,14 @@
 """`TorchBackend`: the torch implementation of `TrainerBackend` (a HF causal LM, AdamW, DDP or FSDP2 over gloo/NCCL).
 
-What one `train_step(train_data, rollout_id=...)` does, in upstream miles' order:
-
-1. cut the rollout into `--num-steps-per-rollout` optimizer steps of `--global-batch-size` samples;
-   this data-parallel rank takes its slice of each step, in micro-batches of `--micro-batch-size`
-   samples (`batching.plan_steps`), each packed once into a `PackedBatch` (`packing.pack_samples`);
-2. old log-probs: a no-grad forward of the actor before any update (or the rollout engine's log-probs
-   with `--use-rollout-logprobs`; with one optimizer step per rollout, the detached log-probs of the
-   training forward itself, which are the same numbers); reference log-probs from the frozen
-   reference model when a KL term is on (`--use-kl-loss` or `--kl-coef`). All log-probs are of
-   `logits / --rollout-temperature`, as the rollout engine scores them;
-3. advantages and returns of all this rank's samples in one vectorised call
-   (`miles.algo.advantages`); `--normalize-advantages` whitens with statistics summed over the
-   whole data-parallel group, so DP=N whitens exactly like DP=1;
-4. per step: forward, loss (`miles.algo.losses` on packed tokens), backward per micro-batch; the loss
-   of each micro-batch is divided by the whole global batch's sample count (or trained-token count
-   with `--calculate-per-token-loss`), so the accumulated gradient is the gradient of the global
-   batch's mean loss however the batch is cut. With DP the model runs under torch's
-   `DistributedDataParallel`, whose gradient all-reduce (a sum, by a comm hook, since the loss is
-   already normalised by the global batch) overlaps the last micro-batch's backward. With
-   `--train-backend fsdp` the model is sharded by FSDP2 instead (miles/backends/torch/fsdp.py) and
-   gradients are reduce-scattered, also as a sum, after every micro-batch. Then clip, AdamW step,
-   LR schedule.
+It implements the compute primitives the RL step (`miles.train.step.train_rollout`) drives: no-grad
+forwards of the actor and of the frozen reference model (loaded when a KL term is on: `--use-kl-loss`
+or `--kl-coef`), forward-backward of one step's micro-batches with the loss it is given, and an
+AdamW step at the lr it is given (clip first; a non-finite gradient norm skips the step). With DP the
+model runs under torch's `DistributedDataParallel`, whose gradient all-reduce (a sum, by a comm
+hook, since the loss is already normalised by the global batch) overlaps the last micro-batch's
+backward. With `--train-backend fsdp` the model is sharded by FSDP2 instead
+(miles/backends/torch/fsdp.py) and gradients are reduce-scattered, also as a sum, after every
+micro-batch.
 
 The caller (`miles.ray.train_group.TrainWorker`) initialises `torch.distributed` (one process per
 rank) and passes the same full `train_data` to every rank; each rank trains on its own shard.
@@ -30,7 +17,7 @@ Checkpoints are per rank (`save_checkpoint`/`load_checkpoint`, torch.distributed
 Use (in-process or inside a Ray actor):
 
     trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")   # cfg: a resolved EngineConfig
-    metrics = trainer.train_step(train_data, rollout_id=0)
+    metrics = miles.train.step.train_rollout(trainer, train_data, rollout_id=0)
     for bucket in trainer.iter_weight_buckets(cfg.rollout.update_weight_buffer_size): ...
 """
 
@@ -39,25 +26,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 import torch.distributed as dist
 
-from miles.backends.base import PackedBatch, TrainerBackend
-from miles.backends.loss import combine_metric, packed_loss
-from miles.backends.packing import pack_samples
-from miles.backends.torch.batching import StepPlan, plan_steps
+from miles.backends.base import LossFn, PackedBatch, TrainerBackend
 from miles.backends.torch.fsdp import full_tensor
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
-from miles.backends.torch.optim import LRSchedule, build_optimizer
+from miles.backends.torch.optim import StepCounter, build_optimizer
 from miles.backends.torch.rng import seed_everything
 
 if TYPE_CHECKING:
     from miles.config.engine import EngineConfig
-
-TrainData = dict[str, Any]
-
 
 def _load_causal_lm(hf_dir: str, device: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
@@ -91,11 +72,6 @@ def _sum_gradients_hook(process_group, bucket):
     return fut.then(lambda f: f.value()[0])
 
 
-def _sum_in_place(t: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(t)
-    return t
-
-
 class TorchBackend(TrainerBackend):
     """The torch training backend. See the module docstring for the step it runs."""
 
@@ -116,7 +92,6 @@ class TorchBackend(TrainerBackend):
         self.cfg = cfg
         self.algo_cfg = cfg.algo
         self.optimizer_cfg = cfg.optimizer
-        self.micro_batch_size = cfg.train.micro_batch_size
         self.temperature = cfg.rollout.rollout_temperature
         self.device = device
         self.rank, self.world_size = rank, world_size
@@ -142,9 +117,6 @@ class TorchBackend(TrainerBackend):
             # broadcast_buffers=False: the only buffers are rotary tables, identical on every rank.
             self.train_net = torch.nn.parallel.DistributedDataParallel(self.net, broadcast_buffers=False)
             self.train_net.register_comm_hook(None, _sum_gradients_hook)
-        self.reuse_on_policy_log_probs = True
-        """With one optimizer step per rollout, take the old log-probs from the training forward
-        (identical numbers, one forward fewer). False forces the separate no-grad forward."""
         self.ref_model: torch.nn.Module | None = None
         self.ref_net: ResponseLogits | None = None
         if self.uses_reference:
@@ -156,9 +128,9 @@ class TorchBackend(TrainerBackend):
 
                 shard_response_logits(self.ref_net, device)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.scheduler = LRSchedule(self.optimizer, cfg.optimizer)
+        self.steps = StepCounter()
         # Resolved once here so a bad --custom-loss-function-path fails at start-up, not mid-step.
-        self.loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = get_loss_function(cfg.algo)
+        get_loss_function(cfg.algo)
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -167,160 +139,75 @@ class TorchBackend(TrainerBackend):
         return self.algo_cfg.use_kl_loss or self.algo_cfg.kl_coef != 0
 
     @property
-    def is_sft(self) -> bool:
-        return self.algo_cfg.loss_type == "sft_loss"
+    def has_reference(self) -> bool:
+        return self.ref_net is not None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t)
+        return t
+
+    def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        return _all_reduce_metrics(local) if self.world_size > 1 else local
 
     # ----------------------------------------------------------------------------------------------
-    def compute_log_probs(
-        self, batch: PackedBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-response-token log-probs [R] (and entropy [R]) of the batch, no grad, at the rollout
-        temperature. The batch runs as one forward: pack micro-batch-sized batches for big rollouts."""
+    def forward(
+        self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per batch, log-probs [R] (and entropy [R]) of its response tokens, no grad, at the rollout
+        temperature; each batch is one forward."""
         net = self.net if model == "actor" else self.ref_net
         if net is None:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
-        with torch.no_grad():
-            lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
-        return lp.detach(), None if ent is None else ent.detach()
+        out = []
+        for batch in batches:
+            with torch.no_grad():
+                lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
+            out.append((lp.detach(), None if ent is None else ent.detach()))
+        return out
 
     # ----------------------------------------------------------------------------------------------
-    def train_step(self, train_data: TrainData, *, rollout_id: int) -> dict[str, float]:
-        """Train on one rollout (see the module docstring); returns `train/*` and `perf/*` metrics.
-
-        `train_data` is the whole rollout (every DP rank gets the same dict): `tokens`,
-        `response_lengths`, `rewards` (already normalised per sample), `loss_masks`, and optionally
-        `rollout_log_probs`. Metrics are means over the optimizer steps of this rollout, except
-        `train/lr` (the lr of the last step). `rollout_id` only labels errors and logs.
-        """
-        t0 = time.perf_counter()
-        d = self.cfg.data
-        n = len(train_data["tokens"])
-        plans = plan_steps(
-            n,
-            global_batch_size=d.global_batch_size,
-            num_steps=d.num_steps_per_rollout or 1,
-            micro_batch_size=self.micro_batch_size,
-            dp_rank=self.rank,
-            dp_world_size=self.world_size,
-        )
-        local = [i for p in plans for i in p.local_indices]
-        batches = {tuple(mb): pack_samples(train_data, mb, self.device) for p in plans for mb in p.micro_batches}
-        if not self.is_sft:
-            # No whole-groups requirement: group statistics were taken over whole groups on the rollout
-            # side and every estimator here works per sample, so a rank may hold part of a group.
-            self._prepare_policy_inputs(train_data, plans, local, batches)
-
-        step_metrics = [self._optimizer_step(train_data, plan, batches) for plan in plans]
-        metrics: dict[str, float] = {}
-        for key in step_metrics[0]:
-            values = [m[key] for m in step_metrics]
-            if key == "train/lr":
-                metrics[key] = values[-1]
-            elif key.endswith("_max"):
-                metrics[key] = max(values)
-            elif key.endswith("_min"):
-                metrics[key] = min(values)
-            else:
-                metrics[key] = sum(values) / len(values)
-        elapsed = time.perf_counter() - t0
-        local_tokens = sum(len(train_data["tokens"][i]) for i in local)
-        metrics["perf/train_step_time"] = elapsed
-        metrics["perf/train_tokens_per_s"] = local_tokens * self.world_size / elapsed if elapsed > 0 else 0.0
-        return metrics
-
-    def _prepare_policy_inputs(
-        self, train_data: TrainData, plans: list[StepPlan], local: list[int], batches: dict[tuple, PackedBatch]
-    ) -> None:
-        """Fill old/ref log-probs, advantages and returns of every micro-batch of this rank."""
-        from miles.algo.advantages import compute_advantages_and_returns
-        from miles.algo.segments import Segments
-
-        ordered = [batches[tuple(mb)] for p in plans for mb in p.micro_batches]  # in `local` order
-        if self.algo_cfg.use_rollout_logprobs:
-            if any(b.rollout_log_probs is None for b in ordered):
-                raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
-            for b in ordered:
-                b.old_log_probs = b.rollout_log_probs
-        elif len(plans) == 1 and self.algo_cfg.kl_coef == 0 and self.reuse_on_policy_log_probs:
-            # One optimizer step per rollout: the weights do not change before the training forward,
-            # which runs the same micro-batches, so its detached log-probs ARE the old log-probs (bit
-            # for bit); skip a whole forward pass. kl_coef needs them earlier, for the advantages.
-            pass
-        else:
-            for b in ordered:
-                b.old_log_probs = self.compute_log_probs(b)[0]
-        if self.ref_net is not None:
-            for b in ordered:
-                b.ref_log_probs = self.compute_log_probs(b, model="ref")[0]
-
-        cat = lambda name: None if getattr(ordered[0], name) is None else torch.cat([getattr(b, name) for b in ordered])  # noqa: E731
-        advantages, returns = compute_advantages_and_returns(
-            self.algo_cfg,
-            rewards=torch.tensor([float(train_data["rewards"][i]) for i in local], dtype=torch.float32, device=self.device),
-            loss_mask=torch.cat([b.loss_mask for b in ordered]),
-            segments=Segments.from_lengths(torch.cat([b.response_lengths for b in ordered])),
-            n_samples_per_prompt=self.cfg.data.n_samples_per_prompt,
-            log_probs=cat("old_log_probs"),
-            ref_log_probs=cat("ref_log_probs"),
-            all_reduce=_sum_in_place if self.world_size > 1 else None,
-        )
-        sizes = [b.loss_mask.numel() for b in ordered]
-        for b, a, r in zip(ordered, advantages.split(sizes), returns.split(sizes)):
-            b.advantages, b.returns = a, r
-
-    def _optimizer_step(self, train_data: TrainData, plan: StepPlan, batches: dict[tuple, PackedBatch]) -> dict[str, float]:
-        from miles.algo.segments import Segments
-
-        cfg = self.algo_cfg
-        if cfg.calculate_per_token_loss:
-            normalizer = float(sum(sum(train_data["loss_masks"][i]) for i in plan.global_indices))
-        else:
-            normalizer = float(len(plan.global_indices))
+    def forward_backward(self, batches: list[PackedBatch], loss_fn: LossFn, *, with_entropy: bool, entropy_grad: bool) -> None:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        last = len(plan.micro_batches) - 1
-        for k, mb in enumerate(plan.micro_batches):
-            batch = batches[tuple(mb)]
+        last = len(batches) - 1
+        for k, batch in enumerate(batches):
             # DDP: gradients of all but the last micro-batch stay local; it all-reduces on the last
             # backward. FSDP reduce-scatters every micro-batch, so no rank ever holds a full gradient.
             ddp = self.world_size > 1 and not self.fsdp
             sync = self.train_net.no_sync() if ddp and k < last else contextlib.nullcontext()
             with sync:
                 log_probs, entropy = response_log_probs(
-                    self.train_net,
-                    batch,
-                    temperature=self.temperature,
-                    with_entropy=not self.is_sft,
-                    entropy_grad=cfg.entropy_coef != 0,
+                    self.train_net, batch, temperature=self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
                 )
-                loss, metrics = packed_loss(cfg, log_probs, None if self.is_sft else entropy, batch, normalizer)
-                loss.backward()
-            metrics = {"loss": loss, **metrics}
-            for key, value in metrics.items():
-                combine_metric(sums, key, float(value.detach() if isinstance(value, torch.Tensor) else value))
+                loss_fn(batch, log_probs, entropy).backward()
 
-        if self.world_size > 1:
-            sums = _all_reduce_metrics(sums)
+    @property
+    def num_optimizer_steps(self) -> int:
+        return self.steps.num_steps
 
+    def optimizer_step(self, lr: float) -> tuple[float, bool]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optimizer_cfg.clip_grad if self.optimizer_cfg.clip_grad > 0 else math.inf
         # Under FSDP the gradients are shards (DTensors); clip_grad_norm_ reduces their norms over the
         # ranks, so this is the global norm on every rank, as one process would compute it.
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        lr = self.scheduler.current_lr()
-        skipped = 0.0
-        if math.isfinite(grad_norm):
-            self.scheduler.apply()
-            self.optimizer.step()
-            self.scheduler.advance()
-        else:
+        if not math.isfinite(grad_norm):
             # A NaN/inf gradient would poison every weight and both Adam moments; drop this step.
             self.optimizer.zero_grad(set_to_none=True)
-            skipped = 1.0
-        out = {f"train/{k}": v for k, v in sums.items()}
-        out.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/skipped_step": skipped})
-        return out
+            return grad_norm, False
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.steps.advance()
+        return grad_norm, True
 
     # ----------------------------------------------------------------------------------------------
     def offload(self) -> None:
@@ -349,12 +236,12 @@ class TorchBackend(TrainerBackend):
     def save_checkpoint(self, directory: str) -> None:
         from miles.backends.torch import checkpoint
 
-        checkpoint.save(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, rank=self.rank)
+        checkpoint.save(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank)
 
     def load_checkpoint(self, directory: str) -> None:
         from miles.backends.torch import checkpoint
 
-        checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, rank=self.rank)
+        checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank)
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:

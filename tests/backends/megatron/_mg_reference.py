@@ -60,7 +60,7 @@ class TorchReference:
         from miles.algo.advantages import compute_advantages_and_returns
         from miles.algo.losses import get_loss_function
         from miles.algo.segments import Segments
-        from miles.backends.torch.optim import lr_at
+        from miles.train.lr_schedule import lr_at
 
         a, d = self.cfg.algo, self.cfg.data
         n = len(data["tokens"])

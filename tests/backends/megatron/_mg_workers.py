@@ -39,6 +39,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     from miles.backends.megatron.trainer import MegatronTrainer
+    from miles.train.step import train_rollout
     from miles.config.resolve import build_config, fill_derived
 
     cfg = build_config(job["config"])
@@ -50,7 +51,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     result: dict = {"metrics": []}
 
     def log_probs():
-        from miles.backends.packing import pack_samples
+        from miles.train.packing import pack_samples
 
         data = make_train_data(4, seed=job["log_probs_seed"], vocab=job.get("vocab", 19))
         return trainer.compute_log_probs(pack_samples(data, range(4), "cpu"), with_entropy=True)
@@ -59,7 +60,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         result["initial_log_probs"], result["initial_entropy"] = log_probs()
     for k, seed in enumerate(job["rollouts"]):
         data = make_train_data(job.get("samples", 8), seed=seed, vocab=job.get("vocab", 19))
-        result["metrics"].append(trainer.train_step(data, rollout_id=k))
+        result["metrics"].append(train_rollout(trainer, data, rollout_id=k,
+                                               reuse_on_policy_log_probs=job.get("reuse_on_policy_log_probs", True)))
         if job.get("save_after") == k:
             os.makedirs(job["save"], exist_ok=True)
             trainer.save_checkpoint(job["save"])

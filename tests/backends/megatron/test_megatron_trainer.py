@@ -201,6 +201,21 @@ def test_tp2_activation_recompute_trains_exactly_like_storing_activations(hf_dir
         assert runs[name]["checksum"] == runs["store"]["checksum"], name
 
 
+@pytest.mark.slow  # two runs of two ranks, about 2 minutes on 2 cores
+def test_tp2_single_step_rollouts_reuse_the_training_forward_as_old_log_probs(hf_dir, tmp_path):
+    """With one optimizer step per rollout the RL step takes the old log-probs from the training forward
+    (miles/train/inputs.py), on megatron as on torch: bit for bit what the separate forward-only pass
+    gives (same micro-batches, same kernels, no dropout), so every metric and the weights are equal."""
+    config = {**_config(hf_dir, world=2, tp=2), "num_steps_per_rollout": 1, "global_batch_size": 8}
+    runs = {}
+    for name, reuse in (("reuse", True), ("separate", False)):
+        (tmp_path / name).mkdir()
+        runs[name] = _mp.run(2, {"config": config, "rollouts": ROLLOUTS, "reuse_on_policy_log_probs": reuse}, tmp_path / name)
+    train = lambda r: [{k: v for k, v in m.items() if k.startswith("train/")} for m in r["metrics"]]  # noqa: E731
+    assert train(runs["reuse"]) == train(runs["separate"])
+    assert runs["reuse"]["checksum"] == runs["separate"]["checksum"]
+
+
 @pytest.mark.slow  # one single-rank run per family, about 2 minutes in all
 @pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3_moe"])
 def test_every_family_builds_from_its_hf_config_and_round_trips_bit_exact(family, tmp_path):

@@ -5,8 +5,11 @@ A rollout of N samples runs `num_steps` optimizer steps of `global_batch_size` s
 G / dp_world_size samples and splits it into micro-batches of `micro_batch_size` (the last one may be
 smaller). Every rank runs the same number of steps, so their gradient all-reduces line up.
 
-This is pure index arithmetic (no torch); the trainer uses the same plan for the forward-only pass
-that computes old log-probs and for the training pass, so both see identical micro-batches.
+This is pure index arithmetic (no torch); the RL step (miles/train/step.py) uses the same plan for
+the forward-only passes (old/ref log-probs) and for the training pass, so both see identical
+micro-batches. Micro-batches are cut by sample count (`--micro-batch-size`) in `cut_micro_batches`,
+the one place a token budget (upstream's `--use-dynamic-batch-size` / `--max-tokens-per-gpu`) will
+cut them instead.
 """
 
 from __future__ import annotations
@@ -66,7 +69,14 @@ def plan_steps(
         plans.append(
             StepPlan(
                 global_indices=list(range(start, start + global_batch_size)),
-                micro_batches=[mine[i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)],
+                micro_batches=cut_micro_batches(mine, micro_batch_size=micro_batch_size),
             )
         )
     return plans
+
+
+def cut_micro_batches(indices: list[int], *, micro_batch_size: int) -> list[list[int]]:
+    """This rank's samples of one step, in order, as micro-batches of `micro_batch_size` (the last may
+    be smaller). A token budget goes here: it needs the samples' lengths and must keep the order, since
+    the loss normaliser is the whole step's and the gradient sum does not depend on the cut."""
+    return [indices[i : i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]

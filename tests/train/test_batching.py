@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles.backends.torch.batching import plan_steps
+from miles.train.batching import plan_steps
 from miles.errors import UserError
 
 

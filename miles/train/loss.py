@@ -1,7 +1,8 @@
-"""The one call from a training backend into miles.algo's loss, on a packed batch.
+"""The one call from the RL step into miles.algo's loss, on a packed batch.
 
-Both backends (torch, megatron) compute per-response-token log-probs (and entropy) their own way and
-then call `packed_loss`, so the loss itself has one implementation. Use:
+Every backend computes per-response-token log-probs (and entropy) its own way and hands them to the
+loss function the RL step gives it (`miles.train.step`), which calls `packed_loss`; the loss itself
+has one implementation. Use:
 
     loss, metrics = packed_loss(cfg.algo, log_probs, entropy, batch, normalizer)
 """
@@ -39,14 +40,9 @@ def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batc
     )
 
 
-def combine_metric(acc: dict[str, float], key: str, value: float) -> None:
-    """Fold one micro-batch's metric into the step's: `*_max`/`*_min` by max/min, the rest by sum
-    (the losses normalise by the whole step, so the sum over micro-batches is the step's mean)."""
-    if key not in acc:
-        acc[key] = value
-    elif key.endswith("_max"):
-        acc[key] = max(acc[key], value)
-    elif key.endswith("_min"):
-        acc[key] = min(acc[key], value)
-    else:
-        acc[key] += value
+def loss_normalizer(cfg, train_data: dict[str, Any], global_indices: list[int]) -> float:
+    """What every micro-batch's loss is divided by: the global batch's sample count, or its trained-token
+    count with `--calculate-per-token-loss`, so the accumulated gradient is the global batch's mean."""
+    if cfg.calculate_per_token_loss:
+        return float(sum(sum(train_data["loss_masks"][i]) for i in global_indices))
+    return float(len(global_indices))

@@ -1,0 +1,75 @@
+"""What the loss needs besides the training forward: old and reference log-probs, critic values,
+advantages and returns, filled into every micro-batch of one rollout on this rank.
+
+- old log-probs: the rollout engine's with `--use-rollout-logprobs`; with one optimizer step per
+  rollout (and no `--kl-coef`), none at all: the weights do not change before the training forward,
+  which runs the same micro-batches, so its detached log-probs ARE the old log-probs (bit for bit;
+  `miles.train.loss.packed_loss` takes them) and a whole forward pass is saved; otherwise a no-grad
+  forward of the actor before any update;
+- reference log-probs: from the frozen reference model, when the backend loaded one (a KL term);
+- values: from the backend's critic, for estimators registered with `needs_values` (ppo);
+- advantages and returns of all this rank's samples in one vectorised call
+  (`miles.algo.advantages`); `--normalize-advantages` whitens with statistics summed over the whole
+  data-parallel group, so DP=N whitens exactly like DP=1.
+
+No whole-groups requirement: group statistics were taken over whole groups on the rollout side and
+every estimator works per sample, so a data-parallel rank may hold part of a group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from miles.backends.base import PackedBatch, TrainerBackend
+
+
+def fill_policy_inputs(
+    backend: TrainerBackend,
+    train_data: dict[str, Any],
+    local: list[int],
+    batches: list[PackedBatch],
+    *,
+    num_steps: int,
+    reuse_on_policy_log_probs: bool = True,
+) -> None:
+    """Set old/ref log-probs, advantages and returns on `batches` (this rank's micro-batches of the
+    rollout, in the order of `local`, their sample indices). `reuse_on_policy_log_probs=False` forces
+    the separate no-grad forward even where the training forward's log-probs are the same numbers."""
+    from miles.algo.advantages import NEEDS_VALUES, compute_advantages_and_returns
+    from miles.algo.segments import Segments
+
+    algo = backend.cfg.algo
+    if algo.use_rollout_logprobs:
+        if any(b.rollout_log_probs is None for b in batches):
+            raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
+        for b in batches:
+            b.old_log_probs = b.rollout_log_probs
+    elif num_steps == 1 and algo.kl_coef == 0 and reuse_on_policy_log_probs:
+        pass  # kl_coef needs the old log-probs earlier, for the advantages
+    else:
+        for b, (lp, _) in zip(batches, backend.forward(batches, model="actor")):
+            b.old_log_probs = lp
+    if backend.has_reference:
+        for b, (lp, _) in zip(batches, backend.forward(batches, model="ref")):
+            b.ref_log_probs = lp
+    values = torch.cat(backend.values(batches)) if algo.advantage_estimator in NEEDS_VALUES else None
+
+    def cat(name: str) -> torch.Tensor | None:
+        return None if getattr(batches[0], name) is None else torch.cat([getattr(b, name) for b in batches])
+
+    advantages, returns = compute_advantages_and_returns(
+        algo,
+        rewards=torch.tensor([float(train_data["rewards"][i]) for i in local], dtype=torch.float32, device=backend.device),
+        loss_mask=torch.cat([b.loss_mask for b in batches]),
+        segments=Segments.from_lengths(torch.cat([b.response_lengths for b in batches])),
+        n_samples_per_prompt=backend.cfg.data.n_samples_per_prompt,
+        log_probs=cat("old_log_probs"),
+        ref_log_probs=cat("ref_log_probs"),
+        values=values,
+        all_reduce=backend.all_reduce_dp if backend.dp_size > 1 else None,
+    )
+    sizes = [b.loss_mask.numel() for b in batches]
+    for b, a, r in zip(batches, advantages.split(sizes), returns.split(sizes)):
+        b.advantages, b.returns = a, r
