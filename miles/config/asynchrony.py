@@ -16,8 +16,8 @@ from miles.errors import UserError
 class AsyncConfig:
     train_async: bool = option(
         False,
-        help="One-step overlap (upstream's train_async.py): rollout k+1 is generated with the weights that produced "
-        "rollout k while rollout k trains; weights update between steps, so training data is one update old.",
+        help="One-step overlap (upstream's train_async.py): rollout k+1 is generated while rollout k trains, with the "
+        "weights from before rollout k's update; weights update between steps, so training data is one update old.",
     )
     fully_async: bool = option(
         False,

@@ -5,6 +5,10 @@
         generate → train → save (every --save-interval, and the last step) → update weights
         eval (every --eval-interval, and the last step)
 
+With --train-async (one-step overlap) rollout k+1 is generated while rollout k trains and the update
+waits for it; with --fully-async each generate takes groups from the rollout manager's buffer
+(miles/ray/fully_async.py), which its engines fill meanwhile. Same actors, same calls.
+
 Cluster set-up (Ray, placement, the actors) is miles/ray/cluster.py; every derived value (steps,
 layout, offload as it takes effect) is `cfg.layout`, resolved once (miles/config/resolve.py). Every
 wait on an actor has a timeout and names what it waited for (miles/ray/waiting.py). With --save, a
@@ -73,8 +77,9 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
 
 def _run_steps(cfg: EngineConfig, cluster, tracker, bar, start: int, first_eval: dict[str, float]) -> tuple[dict, dict]:
     """Rollouts `start`..n-1; returns (first eval, last eval). With --train-async rollout k+1 is generated
-    (with the weights that generated rollout k) while rollout k trains, and the weight update waits for it,
-    so no generation spans an update; otherwise each rollout is generated after the previous update."""
+    while rollout k trains (so with the weights from before rollout k's update, one update old when it
+    trains), and the weight update waits for it, so no generation spans an update; otherwise each rollout
+    is generated after the previous update."""
     from miles.tracking.console import print_step_summary
 
     manager, n, overlap = cluster.manager.handle, cfg.data.num_rollout, cfg.asynchrony.train_async
