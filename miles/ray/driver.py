@@ -169,7 +169,7 @@ def _eval_at_start(cfg: EngineConfig, cluster, tracker, run_dir: Path, start: in
     first: dict[str, float] = {}
     if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
         first = wait(manager.eval.remote(0), "eval before training")
-        tracker.log({**first, "eval/step": 0}, step=0)
+        tracker.log(first, step=0)
     if resumed_from is not None and _is_eval_step(cfg, start) and not _logged_eval(run_dir, start):
         tracker.log(wait(manager.eval.remote(start), f"the eval of step {start} missed by the interrupted run"), step=start)
     return first
@@ -272,6 +272,8 @@ def _finish(cluster, tracker, run_dir: Path, status: str) -> Path | None:
         from miles.tracking.plot import plot_curves
 
         plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        if plot:
+            tracker.log_artifact(plot)
     tracker.finish(status=status)
     if status == "FINISHED":
         with contextlib.suppress(Exception):

@@ -64,7 +64,6 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("eval/<ds>/reward", "Mean eval reward (always reported)."),
     ("eval/<ds>/response_len_mean", "Mean eval response length in tokens."),
     ("eval/<ds>/truncated_ratio", "Fraction of eval samples cut by `--eval-max-response-len`."),
-    ("eval/step", "Step of an eval logged on its own (0: the eval before training)."),
     # perf/: seconds and throughput
     ("perf/step_time", "Wall-clock seconds of the whole step (generate, train, save, sync, eval)."),
     ("perf/rollout_time", "Seconds spent generating and scoring the rollout."),
