@@ -40,6 +40,8 @@ class Sample:
     status: SampleStatus = SampleStatus.PENDING
     weight_version: int | None = None
     """Version of the weights that generated the response (the rollout id after which they were synced)."""
+    weight_versions: list[int] | None = None
+    """Per response token: the weight version that produced it (several after a partial rollout's continuation)."""
     group_index: int | None = None
     """Which prompt group of the rollout batch this sample belongs to."""
     index: int | None = None

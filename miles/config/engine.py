@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from miles.config.algo import AlgoConfig
+from miles.config.asynchrony import AsyncConfig
 from miles.config.ckpt import CheckpointConfig
 from miles.config.cluster import ClusterConfig
 from miles.config.critic import CriticConfig
@@ -47,6 +48,7 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("ckpt", CheckpointConfig, "Checkpoint"),
     ("tracking", TrackingConfig, "Tracking"),
     ("fault_tolerance", FaultToleranceConfig, "Fault tolerance"),
+    ("asynchrony", AsyncConfig, "Asynchronous training"),
     ("debug", DebugConfig, "Debug"),
     ("sglang_launch", SGLangLaunchConfig, "SGLang launch"),
     ("sglang", SGLangConfig, "SGLang server"),
@@ -78,6 +80,7 @@ class EngineConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     run: RunContext = field(default_factory=RunContext)
     sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)

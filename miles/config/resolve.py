@@ -269,6 +269,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
                 ) from None
     cfg.algo.check(d.n_samples_per_prompt)
     cfg.critic.check(cfg)
+    cfg.asynchrony.check(colocate=c.colocate, algo=cfg.algo, debug_rollout_only=cfg.debug.debug_rollout_only)
     cfg.reward.check()
     if purpose == "eval":
         _require(

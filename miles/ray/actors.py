@@ -97,8 +97,8 @@ class RolloutManagerActor:
         return self.manager.shutdown()
 
     # -- checkpoint state
-    def state_dict(self) -> dict[str, Any]:
-        return self.manager.state_dict()
+    def state_dict(self, before_rollout: int | None = None) -> dict[str, Any]:
+        return self.manager.state_dict(before_rollout)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return self.manager.load_state_dict(state)

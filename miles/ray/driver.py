@@ -5,6 +5,10 @@
         generate → train → save (every --save-interval, and the last step) → update weights
         eval (every --eval-interval, and the last step)
 
+With --train-async (one-step overlap) rollout k+1 is generated while rollout k trains and the update
+waits for it; with --fully-async each generate takes groups from the rollout manager's buffer
+(miles/ray/fully_async.py), which its engines fill meanwhile. Same actors, same calls.
+
 Cluster set-up (Ray, placement, the actors) is miles/ray/cluster.py; every derived value (steps,
 layout, offload as it takes effect) is `cfg.layout`, resolved once (miles/config/resolve.py). Every
 wait on an actor has a timeout and names what it waited for (miles/ray/waiting.py). With --save, a
@@ -42,7 +46,7 @@ class RunResult:
 
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
     from miles.ray.cluster import start_cluster
-    from miles.tracking.console import print_step_summary, progress
+    from miles.tracking.console import progress
     from miles.tracking.tracker import import_sinks_in_background
 
     run_dir = Path(run_dir)
@@ -52,7 +56,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
     stack = _import_in_background(("miles.ray.actors",))
     import_sinks_in_background(cfg.tracking, run_dir)
     with start_cluster(cfg, run_dir=run_dir, env=env or {}, stack=stack) as cluster:
-        manager, n = cluster.manager.handle, cfg.data.num_rollout
+        n = cfg.data.num_rollout
         _print_trainer_line(cfg, cluster)
         start, resumed_from = _resume(cfg, cluster)
         tracker = _open_tracker(cfg, run_dir, run_id, start, resumed_from)
@@ -62,27 +66,7 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
             _trainer_off_device(cfg, cluster)
             first_eval = last_eval = _eval_at_start(cfg, cluster, tracker, run_dir, start, resumed_from)
             with progress() as bar:
-                task = bar.add_task("RL steps", total=n, completed=start)
-                for rollout_id in range(start, n):
-                    step, t0 = rollout_id + 1, time.perf_counter()
-                    # Two results: the metrics come to the driver; the train data goes from the manager
-                    # to the trainers by reference, never unpickled and pickled again here.
-                    data_ref, metrics_ref = manager.generate_split.options(num_returns=2).remote(rollout_id)
-                    metrics = dict(wait(metrics_ref, f"rollout {rollout_id} to generate"))
-                    if not cfg.debug.debug_rollout_only:
-                        metrics.update(_train(cfg, cluster, data_ref, rollout_id))
-                    tracker.log(metrics, step=step)  # before the checkpoint: a saved step is a logged step
-                    if cfg.ckpt.save and (step == n or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
-                        _save(cfg, cluster, rollout_id)
-                    after = {} if cfg.debug.debug_rollout_only else _sync_after_train(cfg, cluster, version=step)
-                    if _is_eval_step(cfg, step):
-                        last_eval = wait(manager.eval.remote(step), f"eval after rollout {rollout_id}")
-                        after.update(last_eval)
-                        first_eval = first_eval or (last_eval if start == 0 else {})
-                    after["perf/step_time"] = time.perf_counter() - t0
-                    tracker.log(after, step=step)
-                    print_step_summary(step, {**metrics, **after}, num_steps=n)
-                    bar.advance(task)
+                first_eval, last_eval = _run_steps(cfg, cluster, tracker, bar, start, first_eval)
             status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
@@ -90,6 +74,48 @@ def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: di
         finally:
             plot = _finish(cluster, tracker, run_dir, status)
         return RunResult(run_dir, n, first_eval, last_eval, plot, resumed_from)
+
+
+def _run_steps(cfg: EngineConfig, cluster, tracker, bar, start: int, first_eval: dict[str, float]) -> tuple[dict, dict]:
+    """Rollouts `start`..n-1; returns (first eval, last eval). With --train-async rollout k+1 is generated
+    while rollout k trains (so with the weights from before rollout k's update, one update old when it
+    trains), and the weight update waits for it, so no generation spans an update; otherwise each rollout
+    is generated after the previous update."""
+    from miles.tracking.console import print_step_summary
+
+    manager, n, overlap = cluster.manager.handle, cfg.data.num_rollout, cfg.asynchrony.train_async
+    task = bar.add_task("RL steps", total=n, completed=start)
+    last_eval, pending, train_end = first_eval, None, time.perf_counter()
+    for rollout_id in range(start, n):
+        step, t0 = rollout_id + 1, time.perf_counter()
+        # Two results: the metrics come to the driver; the train data goes from the manager
+        # to the trainers by reference, never unpickled and pickled again here.
+        data_ref, metrics_ref = pending or manager.generate_split.options(num_returns=2).remote(rollout_id)
+        metrics = dict(wait(metrics_ref, f"rollout {rollout_id} to generate"))
+        pending = manager.generate_split.options(num_returns=2).remote(step) if overlap and step < n else None
+        if not cfg.debug.debug_rollout_only:
+            metrics["perf/trainer_idle_time"] = time.perf_counter() - train_end
+            metrics.update(_train(cfg, cluster, data_ref, rollout_id))
+            train_end = time.perf_counter()
+        tracker.log(metrics, step=step)  # before the checkpoint: a saved step is a logged step
+        if cfg.ckpt.save and (step == n or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
+            # Overlapped, rollout `step` is already under way: the checkpoint holds the data position from
+            # before it drew, so a resume generates it again (with the checkpoint's weights).
+            _save(cfg, cluster, rollout_id, state_before=step if pending else None)
+        after: dict[str, float] = {}
+        if not cfg.debug.debug_rollout_only and (step == n or step % cfg.asynchrony.update_weights_interval == 0):
+            if pending:  # no generation spans a weight update (upstream's train_async order)
+                wait(pending[1], f"rollout {step} to finish before the weight update")
+            after = _sync_after_train(cfg, cluster, version=step)
+        if _is_eval_step(cfg, step):
+            last_eval = wait(manager.eval.remote(step), f"eval after rollout {rollout_id}")
+            after.update(last_eval)
+            first_eval = first_eval or (last_eval if start == 0 else {})
+        after["perf/step_time"] = time.perf_counter() - t0
+        tracker.log(after, step=step)
+        print_step_summary(step, {**metrics, **after}, num_steps=n)
+        bar.advance(task)
+    return first_eval, last_eval
 
 
 def _import_in_background(modules: tuple[str, ...]) -> threading.Thread:
@@ -256,13 +282,15 @@ CRITIC_DIR = "critic"
 """The PPO critic's shards inside each checkpoint directory (committed with the actor's)."""
 
 
-def _save(cfg: EngineConfig, cluster, rollout_id: int) -> None:
+def _save(cfg: EngineConfig, cluster, rollout_id: int, *, state_before: int | None = None) -> None:
     """Every training rank writes its own shard into a temporary directory; the driver adds its own
     data and commits (rename + tracker) only after every rank returned. The critic's ranks write into
-    its `critic/` subdirectory of the same temporary directory, so one commit holds both."""
+    its `critic/` subdirectory of the same temporary directory, so one commit holds both.
+    `state_before`: save the data position from before that rollout drew (it is under way and is
+    generated again on resume)."""
     from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint
 
-    manager_state = wait(cluster.manager.handle.state_dict.remote(), "the data position")
+    manager_state = wait(cluster.manager.handle.state_dict.remote(state_before), "the data position")
     tmp = begin_checkpoint(cfg.ckpt.save, rollout_id)
     cluster.trainer.save_checkpoint(str(tmp))
     if cluster.critic is not None:

@@ -62,8 +62,28 @@ from miles.utils.load_function import load_function
 def _as_fresh(s: Sample) -> Sample:
     """A sample given back to the data source: its prompt (and prompt token ids) and numbering, no response."""
     return dataclasses.replace(
-        s, tokens=s.tokens[: len(s.tokens) - s.response_length], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None
+        s, tokens=s.tokens[: len(s.tokens) - s.response_length], response="", response_length=0, reward=None, rollout_log_probs=None, status=SampleStatus.PENDING, weight_version=None,
+        weight_versions=None, loss_mask=None,
     )
+
+
+def _as_partial(s: Sample) -> Sample:
+    """--partial-rollout: a sample given back with what it generated so far (tokens, log-probs, their weight
+    versions), to be continued in a later rollout; only the reward is dropped (it scored an unfinished response)."""
+    return dataclasses.replace(s, reward=None)
+
+
+_TO_GENERATE = (SampleStatus.PENDING, SampleStatus.ABORTED)
+
+
+def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, float]:
+    """rollout/weight_staleness_{mean,max}: per sample, the trainer's weight version when it trains the
+    sample (rollout r trains on version r, the weights after r updates) minus the oldest version among its
+    tokens: 0 in the synchronous loop, 1 with one-step overlap."""
+    lags = [current_version - min(v) for v in ([x for x in s.weight_versions or [] if x is not None] for s in samples) if v]
+    if not lags:
+        return {}
+    return {"rollout/weight_staleness_mean": sum(lags) / len(lags), "rollout/weight_staleness_max": float(max(lags))}
 
 
 def engine_tp_size(cfg: EngineConfig) -> int:
@@ -129,6 +149,8 @@ class RolloutManager:
         self.client = EngineClient(self.engine)
         self.generate_fn = load_generate_function(r.custom_generate_function_path)
         self.rollout_fn = load_rollout_function(r.rollout_function_path) if train_data else None
+        self._state_before: dict[int, dict[str, Any]] = {}
+        self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
 
     # ------------------------------------------------------------------ generation
     def num_prompts(self) -> int:
@@ -149,9 +171,17 @@ class RolloutManager:
         return as_samples(out, s, flag=GENERATE_FLAG)
 
     async def _generate_group(self, group: list[Sample], *, rid: str | None = None, **kw: Any) -> list[Sample]:
-        """Every sample of `group` at once (one task each); the samples made of them, in order."""
+        """Every sample of `group` at once (one task each); the samples made of them, in order. A partial
+        rollout's finished samples (--partial-rollout) are kept as they are; its aborted ones continue."""
+
+        async def finished(s: Sample) -> list[Sample]:
+            return [s]
+
         outs = await asyncio.gather(
-            *(self._generate_sample(s, rid=None if rid is None else f"{rid}{j:04d}", **kw) for j, s in enumerate(group))
+            *(
+                self._generate_sample(s, rid=None if rid is None else f"{rid}{j:04d}", **kw) if s.status in _TO_GENERATE else finished(s)
+                for j, s in enumerate(group)
+            )
         )
         return [x for out in outs for x in out]
 
@@ -191,6 +221,9 @@ class RolloutManager:
                 # One task per group, all created before any runs: the engine client sends the whole
                 # draw's requests to the engine together.
                 for g in self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt):
+                    if self.cfg.asynchrony.partial_rollout:
+                        key = "rollout/partial_continued_samples"
+                        counts[key] = counts.get(key, 0.0) + sum(s.response_length > 0 and s.status in _TO_GENERATE for s in g)
                     drawn += 1
                     task = self._group(g, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn:06d}-")
                     pending[asyncio.ensure_future(task)] = (drawn, g)
@@ -224,8 +257,11 @@ class RolloutManager:
                     task.cancel()
             spare.extend(pending.values())
         counts["rollout/aborted_groups"] = float(len(pending))
-        if spare:  # drawn but not needed: their prompts come back first next time, as fresh prompts
-            self.data_source.add_samples([[_as_fresh(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
+        if spare:  # drawn but not needed: they come back first next time, as fresh prompts (or, partial, as they are)
+            back = _as_partial if self.cfg.asynchrony.partial_rollout else _as_fresh
+            self.data_source.add_samples([[back(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
+            if self.cfg.asynchrony.partial_rollout:
+                counts["rollout/partial_aborted_samples"] = float(sum(s.status == SampleStatus.ABORTED and s.response_length > 0 for _, g in spare for s in g))
         return [g for _, g in sorted(kept, key=lambda x: x[0])], counts, tokens
 
     async def _rollout_fn(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
@@ -258,9 +294,21 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
-        d = self.cfg.data
+        d, a = self.cfg.data, self.cfg.asynchrony
         t0 = time.perf_counter()
-        kept, counts, tokens = asyncio.run(self._collect(rollout_id) if self.rollout_fn is None else self._rollout_fn(rollout_id))
+        if a.train_async:
+            # The data position before this rollout drew anything: what a checkpoint of the step before
+            # must hold when this rollout is already under way (the overlapped driver saves it).
+            self._state_before[rollout_id] = self.state_dict()
+            self._state_before.pop(rollout_id - 2, None)
+        if a.fully_async:
+            if self._async_worker is None:  # started by the first step, after a resume loaded the data position
+                from miles.ray.fully_async import AsyncRolloutWorker
+
+                self._async_worker = AsyncRolloutWorker(self, _as_fresh)
+            kept, counts, tokens = self._async_worker.take(rollout_id)
+        else:
+            kept, counts, tokens = asyncio.run(self._collect(rollout_id) if self.rollout_fn is None else self._rollout_fn(rollout_id))
         samples = [s for g in kept for s in g]
         if len(samples) != d.rollout_batch_size * d.n_samples_per_prompt:
             flag = GENERATE_FLAG if self.rollout_fn is None else ROLLOUT_FLAG
@@ -299,6 +347,8 @@ class RolloutManager:
             **counts,
             **turn_metrics(samples, "rollout"),
         }
+        if a.overlapped or a.partial_rollout:
+            metrics.update(staleness_metrics(samples, rollout_id))
         health = self.engine.health()
         if "restarts" in health:  # engine servers
             metrics["rollout/engine_restarts"] = float(health["restarts"])
@@ -424,10 +474,18 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stop engine servers and the router (no-op for the in-process engine)."""
+        if self._async_worker is not None:
+            self._async_worker.stop()
         self.engine.shutdown()
 
     # ------------------------------------------------------------------ checkpoint state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, before_rollout: int | None = None) -> dict[str, Any]:
+        """The data position now, or (overlapped drivers) the one saved when rollout `before_rollout` began
+        drawing: a checkpoint taken while that rollout is under way then re-generates it on resume."""
+        if before_rollout is not None and before_rollout in self._state_before:
+            return self._state_before[before_rollout]
+        if self._async_worker is not None:
+            return {"data_source": self._async_worker.state_dict()}
         return {"data_source": self.data_source.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -9,6 +9,11 @@ ids, text, per-token log-probs, status (stop -> completed, length -> truncated, 
 weight version are written into the sample, which is returned. No re-tokenisation: the tokens trained
 are the engine's.
 
+A sample that already has a response (--partial-rollout: aborted earlier, given back with its
+tokens) is continued: the request sends all its tokens, its new-token budget is what
+--rollout-max-response-len leaves, and the answer is appended to its tokens, log-probs and per-token
+weight versions. With --mask-offpolicy-in-partial-rollout the tokens of older weights get loss mask 0.
+
 `request_for` and `fill_from_response` are the two halves, for generate functions that build on it.
 """
 
@@ -26,12 +31,15 @@ _STATUS = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}
 def request_for(input: GenerateInput) -> GenerateRequest:
     """The request for `input.sample`'s prompt (its `tokens` are set to the prompt ids)."""
     s = input.sample
-    if s.tokens and s.response_length == 0:
+    params = input.sampling_params
+    if s.response_length > 0:  # a partial rollout's continuation: from every token so far
+        prompt_ids = list(s.tokens)
+        params = dataclasses.replace(params, max_new_tokens=max(0, params.max_new_tokens - s.response_length))
+    elif s.tokens:
         prompt_ids = list(s.tokens)
     else:
         prompt_ids = input.tokenizer.encode(s.prompt, add_special_tokens=False)
         s.tokens = list(prompt_ids)
-    params = input.sampling_params
     context = input.cfg.rollout.rollout_max_context_len
     if context is not None:
         params = dataclasses.replace(params, max_new_tokens=max(0, min(params.max_new_tokens, context - len(prompt_ids))))
@@ -39,16 +47,25 @@ def request_for(input: GenerateInput) -> GenerateRequest:
 
 
 def fill_from_response(s: Sample, resp: GenerateResponse) -> Sample:
-    """Append `resp` to `s` as its response (see the module docstring); returns `s`."""
+    """Append `resp` to `s` as its response, after what a partial rollout generated earlier (see the
+    module docstring); returns `s`."""
+    new, earlier = len(resp.output_ids), s.response_length
+    logprobs = [float(x) for x in (resp.output_token_logprobs or [])]
     s.tokens = s.tokens + list(resp.output_ids)
-    s.response_length = len(resp.output_ids)
-    s.response = resp.text
-    s.rollout_log_probs = [float(x) for x in (resp.output_token_logprobs or [])]
+    s.response_length = earlier + new
+    s.response = (s.response + resp.text) if earlier else resp.text
+    s.rollout_log_probs = (s.rollout_log_probs or [])[:earlier] + logprobs if earlier else logprobs
+    s.weight_versions = (s.weight_versions or [])[:earlier] + [resp.weight_version] * new if earlier else [resp.weight_version] * new
     s.status = _STATUS.get(resp.finish_type, SampleStatus.ABORTED)
     s.weight_version = resp.weight_version
     return s
 
 
 async def generate(input: GenerateInput) -> Sample:
-    """One request for the sample's prompt; the sample, filled in place."""
-    return fill_from_response(input.sample, await input.engine.generate(request_for(input)))
+    """One request for the sample's prompt (or the rest of its partial response); the sample, filled in place."""
+    s, earlier = input.sample, input.sample.response_length
+    fill_from_response(s, await input.engine.generate(request_for(input)))
+    if earlier and input.cfg.asynchrony.mask_offpolicy_in_partial_rollout and s.status != SampleStatus.ABORTED:
+        # Only the tokens of the weights that finished the response are this step's policy.
+        s.loss_mask = [int(v == s.weight_version) for v in s.weight_versions]
+    return s

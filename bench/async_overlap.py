@@ -1,0 +1,115 @@
+"""One-step overlap (--train-async) against the synchronous loop: step time, held-out gain, time to 0.4.
+
+Runs `miles full-train` (the tiny-qwen3 recipe) twice in one invocation, one after the other, with the
+same prepared model and data (the second run reuses what the first one's prepare steps made) and the
+same rollouts: synchronous (`--no-colocate`, so both runs place the engine beside the trainer) and
+`--train-async --no-colocate`. Per run: median `perf/step_time` over steps without eval or save, the
+held-out gain (last greedy eval minus the step-0 eval), the wall time from the first step to the first
+eval at or above 0.4, and the load average around it (a shared machine moves every number).
+
+    python bench/async_overlap.py                              # 500 rollouts each (the recipe's)
+    python bench/async_overlap.py --num-rollout 100 --json out.json
+
+The ratio row (async/sync median step time) has issue 24's goal, <= 0.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_KEY = "eval/arith/accuracy"
+
+
+def _merged(path: Path) -> dict[int, dict]:
+    steps: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            steps.setdefault(r["step"], {}).update(r)
+    return steps
+
+
+def summarize(path: Path) -> dict[str, float]:
+    steps = _merged(path)
+    plain = [r["perf/step_time"] for s, r in steps.items() if s > 1 and "perf/step_time" in r and EVAL_KEY not in r]
+    idle = [r["perf/trainer_idle_time"] for s, r in steps.items() if s > 1 and "perf/trainer_idle_time" in r and EVAL_KEY not in r]
+    evals = sorted((s, r[EVAL_KEY]) for s, r in steps.items() if EVAL_KEY in r)
+    elapsed, to_04 = 0.0, float("nan")
+    for s in sorted(steps):
+        elapsed += steps[s].get("perf/step_time", 0.0)
+        if EVAL_KEY in steps[s] and s > 0 and steps[s][EVAL_KEY] >= 0.4:
+            to_04 = elapsed
+            break
+    stale = [r["rollout/weight_staleness_mean"] for r in steps.values() if "rollout/weight_staleness_mean" in r]
+    return {
+        "median_step_s": statistics.median(plain),
+        "median_trainer_idle_s": statistics.median(idle) if idle else float("nan"),
+        "eval_before": evals[0][1],
+        "eval_after": evals[-1][1],
+        "gain": evals[-1][1] - evals[0][1],
+        "seconds_to_0.4": to_04,
+        "staleness_mean": statistics.mean(stale) if stale else 0.0,
+        "steps": float(len(plain)),
+    }
+
+
+def run(name: str, work: Path, extra: str, timeout_s: float) -> dict[str, float]:
+    out = work / name
+    cmd = [
+        sys.executable, "-m", "miles_cli.main", "full-train", "--run-id", name,
+        "--output-dir", str(out), "--model-dir", str(work / "models"), "--data-dir", str(work / "data"),
+        "--extra-args", extra,
+    ]  # fmt: skip
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    with (work / f"{name}.log").open("w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: miles full-train exited {proc.returncode}; log: {work / f'{name}.log'}")
+    result = summarize(out / name / "metrics.jsonl")
+    result.update(wall_s=time.perf_counter() - t0, load_start=load0, load_end=os.getloadavg()[0])
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-rollout", type=int, default=500)
+    ap.add_argument("--extra-args", default="", help="engine flags added to both runs")
+    ap.add_argument("--keep", type=Path, default=None, help="write the runs here instead of a deleted temporary folder")
+    ap.add_argument("--timeout-s", type=float, default=3600.0)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    base = f"--no-colocate --num-rollout {a.num_rollout} {a.extra_args}".strip()
+    with tempfile.TemporaryDirectory(prefix="miles-async-") as tmp:
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        sync = run("sync", work, base, a.timeout_s)
+        overlap = run("train_async", work, f"--train-async {base}", a.timeout_s)
+    ratio = overlap["median_step_s"] / sync["median_step_s"]
+    print(f"{'':14} {'median step s':>13} {'trainer idle s':>14} {'eval 0 -> last':>15} {'gain':>6} {'s to 0.4':>9} {'staleness':>9} {'wall s':>7} {'load':>11}")
+    for name, r in (("synchronous", sync), ("--train-async", overlap)):
+        print(
+            f"{name:14} {r['median_step_s']:>13.3f} {r['median_trainer_idle_s']:>14.3f} {r['eval_before']:>6.3f} -> {r['eval_after']:.3f} "
+            f"{r['gain']:>+6.3f} {r['seconds_to_0.4']:>9.1f} {r['staleness_mean']:>9.2f} {r['wall_s']:>7.0f} {r['load_start']:>5.1f}-{r['load_end']:<5.1f}"
+        )
+    print(f"median step time --train-async / synchronous: {ratio:.2f} (goal <= 0.6); gain {overlap['gain']:+.3f} (goal >= 0.2)")
+    rows = [
+        {"what": "one-step overlap: median step time async / sync", "value": ratio, "unit": "x", "goal": "<= 0.6", "met": ratio <= 0.6},
+        {"what": "one-step overlap: held-out gain", "value": overlap["gain"], "unit": "accuracy", "goal": ">= 0.2", "met": overlap["gain"] >= 0.2},
+        {"what": "synchronous: held-out gain (same rollouts)", "value": sync["gain"], "unit": "accuracy", "goal": None, "met": None},
+    ]
+    if a.json:
+        a.json.write_text(json.dumps({"bench": "async_overlap", "sync": sync, "train_async": overlap, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""Asynchronous rollout in the rollout manager, in-process on the tiny model: partial rollouts continue
+their tokens and log-probs (and mask the old policy's), the --fully-async buffer never hands out a group
+older than --max-weight-staleness, and its checkpoint state loses and repeats no prompt."""
+
+from __future__ import annotations
+
+import time
+
+from miles.ray.fully_async import group_lag
+from miles.sample import SampleStatus
+from tests.ray.test_rollout_manager import make, setup  # noqa: F401  (the module fixture)
+
+
+def _long(m):
+    m.engine.eos_token_ids = frozenset()  # every response runs to its length limit
+
+
+def _bump(m, version: int) -> None:
+    """A weight update with no new tensors: what the engines serve is now `version`."""
+    m.begin_weight_update()
+    m.end_weight_update(version)
+
+
+def _aborted_partway(m, tokens: int):
+    """The first prompt group generated for `tokens` tokens and given back as an abort leaves it: what the
+    over-sampling abort gives back under --partial-rollout, without depending on when the abort lands."""
+    import asyncio
+    import dataclasses
+
+    from miles.rollout.engine.base import SamplingParams
+
+    [group] = m.data_source.get_samples(1, m.cfg.data.n_samples_per_prompt)
+    params = dataclasses.replace(SamplingParams.from_rollout_config(m.cfg.rollout), max_new_tokens=tokens)
+    asyncio.run(m._generate_group(group, rollout_id=0, purpose="train", params=params))
+    for s in group:
+        assert s.response_length == tokens
+        s.status = SampleStatus.ABORTED
+    m.data_source.add_samples([group])
+    return {s.index: (list(s.tokens), list(s.rollout_log_probs), list(s.weight_versions)) for s in group}
+
+
+def test_over_sampling_abort_gives_back_partial_responses(setup):  # noqa: F811
+    m = make(setup, over_sampling_batch_size=8, rollout_max_batch_size=2, rollout_max_response_len=40, partial_rollout=True)
+    _long(m)
+    first = m.generate(0)
+    assert first["metrics"]["rollout/aborted_groups"] == 6.0
+    back = [s for g in m.data_source._buffer for s in g]
+    assert len(back) == 12 and all(s.status == SampleStatus.ABORTED and s.reward is None for s in back)
+    for s in back:  # whatever each had generated when the abort landed is kept, consistently
+        assert len(s.rollout_log_probs or []) == s.response_length == len(s.weight_versions or [])
+    assert first["metrics"]["rollout/partial_aborted_samples"] == sum(s.response_length > 0 for s in back)
+
+
+def test_partial_rollout_continues_earlier_tokens_and_log_probs(setup):  # noqa: F811
+    m = make(setup, rollout_max_response_len=40, partial_rollout=True)
+    _long(m)
+    before = _aborted_partway(m, 7)
+    _bump(m, 1)
+    sent = []
+    submit = m.engine.submit
+    m.engine.submit = lambda q: (sent.append(list(q.input_ids)), submit(q))[1]
+    captured = {}
+    generate_fn = m.generate_fn
+
+    async def spy(input):
+        out = await generate_fn(input)
+        captured[input.sample.index] = input.sample
+        return out
+
+    m.generate_fn = spy
+    out = m.generate(1)
+    assert out["metrics"]["rollout/partial_continued_samples"] == 2.0
+    for i, (tokens, logprobs, versions) in before.items():
+        s = captured[i]
+        assert tokens in sent  # the request continued from every earlier token, prompt and response
+        assert s.tokens[: len(tokens)] == tokens and s.rollout_log_probs[:7] == logprobs
+        assert s.response_length == 40 and len(s.rollout_log_probs) == 40  # the length limit counts both parts
+        assert s.weight_versions == [0] * 7 + [1] * 33 and versions == [0] * 7
+        assert s.loss_mask is None  # no mask without --mask-offpolicy-in-partial-rollout
+    assert out["metrics"]["rollout/weight_staleness_max"] == 1.0  # rollout 1 trains tokens of version 0
+
+
+def test_mask_offpolicy_zeroes_the_old_policy_tokens(setup):  # noqa: F811
+    m = make(setup, rollout_max_response_len=40, partial_rollout=True, mask_offpolicy_in_partial_rollout=True)
+    _long(m)
+    old = _aborted_partway(m, 7)
+    _bump(m, 1)
+    td = m.generate(1)["train_data"]
+    masks = dict(zip(td["sample_indices"], td["loss_masks"]))
+    for idx, mask in masks.items():
+        assert mask == ([0] * 7 + [1] * 33 if idx in old else [1] * 40)
+    assert set(old) <= set(masks)
+
+
+def _fill_buffer(m, timeout=120.0):
+    """Wait (up to `timeout`) until the worker's buffer is full: groups of the current version wait there."""
+    w = m._async_worker
+    deadline = time.monotonic() + timeout
+    while len(w._buffer) < w.capacity and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_fully_async_never_hands_out_a_group_older_than_the_bound(setup):  # noqa: F811
+    m = make(setup, fully_async=True, use_tis=True, max_weight_staleness=0, rollout_max_response_len=4)
+    out0 = m.generate(0)
+    assert out0["metrics"]["rollout/weight_staleness_max"] == 0.0
+    _fill_buffer(m)  # groups generated with version 0 wait in the buffer
+    assert len(m._async_worker._buffer) > 0
+    _bump(m, 1)
+    out1 = m.generate(1)
+    assert out1["metrics"]["rollout/stale_groups_regenerated"] > 0
+    assert out1["metrics"]["rollout/weight_staleness_max"] == 0.0
+    m.shutdown()
+
+
+def test_fully_async_without_a_bound_trains_older_groups(setup):  # noqa: F811
+    m = make(setup, fully_async=True, use_tis=True, rollout_max_response_len=4)
+    m.generate(0)
+    _fill_buffer(m)
+    _bump(m, 1)
+    out1 = m.generate(1)
+    assert out1["metrics"]["rollout/weight_staleness_max"] == 1.0  # what the bound of the test above refuses
+    assert "rollout/stale_groups_regenerated" not in out1["metrics"]
+    m.shutdown()
+
+
+def test_fully_async_checkpoint_state_loses_and_repeats_no_prompt(setup):  # noqa: F811
+    m = make(setup, fully_async=True, use_tis=True, rollout_max_response_len=4)
+    trained = []
+    for r in range(3):
+        trained += [i for i in m.generate(r)["train_data"]["sample_indices"]]
+        if r == 1:
+            _bump(m, 2)
+    state = m.state_dict()
+    m.shutdown()
+    # A resumed manager draws what the state holds first, then fresh prompts: every group drawn by the
+    # interrupted one is either trained or drawn again, never both.
+    fresh = make(setup, fully_async=True, use_tis=True, rollout_max_response_len=4)
+    fresh.load_state_dict(state)
+    handed_out = state["data_source"]["num_groups_handed_out"]
+    again = [s.index for g in fresh.data_source.get_samples(handed_out + 2, 2) for s in g]
+    trained_groups = {i // 2 for i in trained}
+    again_groups = [i // 2 for i in again]
+    assert not trained_groups & set(again_groups)
+    assert trained_groups | set(again_groups) >= set(range(handed_out))
+    assert all(s.status == SampleStatus.PENDING and s.response_length == 0 for g in fresh.data_source._buffer for s in g)
+
+
+def test_group_lag_is_the_oldest_token():
+    from miles.sample import Sample
+
+    g = [Sample(weight_versions=[3, 3, 2]), Sample(weight_versions=[4])]
+    assert group_lag(g, 5) == 3 and group_lag([Sample()], 5) is None
