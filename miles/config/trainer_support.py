@@ -37,10 +37,6 @@ class Gap:
 ALL = ("torch", "fsdp", "megatron")
 
 GAPS: tuple[Gap, ...] = (
-    Gap("bf16", bool, ALL,
-        "both trainers train in fp32: the torch backend loads fp32 weights and megatron builds its optimizer with bf16=False",
-        "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "
-        "MixedPrecisionPolicy on the torch backends, with weights sent to engines in the engine's dtype"),
     Gap("use_dynamic_batch_size", bool, ALL,
         "micro-batches are cut by sample count only (miles/train/batching.py, cut_micro_batches)",
         "token-budget micro-batches of --max-tokens-per-gpu, length-balanced over the data-parallel ranks, each rank "
