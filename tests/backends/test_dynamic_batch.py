@@ -57,3 +57,21 @@ def test_token_budget_micro_batches_give_the_fixed_micro_batch_gradients(tiny_hf
         wrong = _trainer(tiny_hf_dir, budget=20, per_token=per_token)
         train_rollout(wrong, data, rollout_id=0)
         assert _worst(g_fixed, _grads(wrong)) > 1e-4, broken
+
+
+@pytest.mark.slow  # one process and two spawned ranks, about 1-2.5 minutes on 2 busy cores
+def test_two_fsdp_ranks_with_token_budget_shards_train_like_one_process(tiny_hf_dir, tmp_path):
+    """FSDP2 over two gloo ranks, each given its length-balanced shard in micro-batches of at most 16
+    tokens (a different count of samples per micro-batch on each rank, the same count of micro-batches:
+    FSDP reduce-scatters after each one, so unequal counts would hang): the per-step losses and
+    gradient norms are those of one process with fixed micro-batches of 2 samples."""
+    import json
+
+    from dp_worker import spawn, train_reference_rollouts
+
+    _, ref_losses, ref_norms = train_reference_rollouts(tiny_hf_dir)
+    spawn(2, tiny_hf_dir, str(tmp_path), train_backend="fsdp", max_tokens_per_gpu=16, resume=False)
+    losses = json.loads((tmp_path / "straight" / "losses.json").read_text())
+    norms = json.loads((tmp_path / "straight" / "grad_norms.json").read_text())
+    assert losses == pytest.approx(ref_losses, abs=1e-5, rel=0), (ref_losses, losses)
+    assert norms == pytest.approx(ref_norms, rel=1e-5), (ref_norms, norms)
