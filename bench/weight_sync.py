@@ -6,11 +6,11 @@ created in a temp dir; nothing downloaded), in buckets of --bucket-mb:
 - copy:       `param.copy_(tensor)` for every tensor in this process (memory bandwidth; the floor);
 - tensor:     `BuiltinEngine.update_weights_from_tensors` in this process (the in-process engine's
               path: session, name lookup, shape checks, copy);
-- broadcast:  `BroadcastSender` -> N engine servers in their own processes (`python -m
+- broadcast:  `BroadcastTargets` -> N engine servers in their own processes (`python -m
               miles.rollout.engine.server`): a gloo group, names first over HTTP, then one broadcast
               per tensor; the number `perf/weight_sync_time` reports for --rollout-num-gpus runs;
-- disk:       `DiskSender`: one safetensors shard per bucket, then every engine loads the directory;
-- tensor to servers: `TensorSender` (--update-weight-transfer-mode tensor): per bucket one copy into
+- disk:       `DiskTargets`: one safetensors shard per bucket, then every engine loads the directory;
+- tensor to servers: `TensorTargets` (--update-weight-transfer-mode tensor): per bucket one copy into
               a shared-memory buffer (kept across syncs, as the trainer keeps it), then handles to
               it to every server's `/update_weights_from_tensor` (SGLang's colocated path; CUDA IPC
               on a GPU), one flush at the end.
@@ -20,6 +20,7 @@ median of --repeats runs, seconds per GB, and the ratio to the plain copy.
 
     python bench/weight_sync.py                 # 2 engine servers, 64 MB buckets (a few minutes on 2 cores)
     python bench/weight_sync.py --engines 1 --bucket-mb 512
+    python bench/weight_sync.py --tp-size 2     # engines of 2 simulated TP ranks: world 1 + 2·2 per broadcast
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from rich.table import Table
 from miles.rollout.engine.base import iter_weight_buckets, tensor_nbytes, weights_checksum
 from miles.rollout.engine.builtin import BuiltinEngine
 from miles.rollout.engine.http_client import HttpEngine
-from miles.rollout.engine.weight_transport import BroadcastSender, DiskSender, TensorSender
+from miles.rollout.engine.weight_transport import BroadcastTargets, DiskTargets, TensorTargets, engines_of
 
 
 def make_model(root: Path) -> Path:
@@ -58,11 +59,11 @@ def make_model(root: Path) -> Path:
     return out
 
 
-def start_servers(hf_dir: Path, n: int) -> tuple[list[subprocess.Popen], list[str]]:
+def start_servers(hf_dir: Path, n: int, tp_size: int = 1) -> tuple[list[subprocess.Popen], list[str]]:
     procs, urls = [], []
     for _ in range(n):
         p = subprocess.Popen(
-            [sys.executable, "-m", "miles.rollout.engine.server", "--hf-checkpoint", str(hf_dir), "--port", "0"],
+            [sys.executable, "-m", "miles.rollout.engine.server", "--hf-checkpoint", str(hf_dir), "--port", "0", "--tp-size", str(tp_size)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         procs.append(p)
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tp-size", type=int, default=1, help="simulated TP ranks per engine server (each receives every broadcast)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     console = Console(width=120)
@@ -110,10 +112,10 @@ def main() -> None:
             local.end_weight_update(1)
 
         with console.status("starting engine servers"):
-            procs, urls = start_servers(hf_dir, args.engines)
+            procs, urls = start_servers(hf_dir, args.engines, args.tp_size)
         clients = [HttpEngine(u) for u in urls]
-        sender = BroadcastSender(urls)
-        sender.connect()
+        engines = engines_of(urls, [args.tp_size] * len(urls))
+        sender = BroadcastTargets(engines).open_sender()  # one group, kept across syncs as the trainer keeps it
 
         def remote(send) -> None:
             for c in clients:
@@ -125,25 +127,26 @@ def main() -> None:
                 c.continue_generation()
 
         def broadcast() -> None:
-            remote(lambda: [sender.send_bucket(b) for b in buckets])
+            remote(lambda: [sender.send_bucket(b, 1) for b in buckets])
 
         def disk() -> None:
             def send() -> None:
-                d = DiskSender(urls, Path(tmp) / "sync", hf_dir)
+                d = DiskTargets(engines, directory=str(Path(tmp) / "sync"), hf_checkpoint=str(hf_dir)).open_sender()
+                d.begin(1)
                 for b in buckets:
-                    d.send_bucket(b)
+                    d.send_bucket(b, 1)
                 d.finish(1)
                 d.close()
 
             remote(send)
 
-        tensor_sender = TensorSender(urls)  # kept across syncs, as the trainer's source rank keeps it
+        tensor_sender = TensorTargets(engines).open_sender()  # kept across syncs, as the trainer's source rank keeps it
 
         def tensor_servers() -> None:
             def send() -> None:
                 for b in buckets:
-                    tensor_sender.send_bucket(b, weight_version=1)
-                tensor_sender.finish()
+                    tensor_sender.send_bucket(b, 1)
+                tensor_sender.finish(1)
 
             remote(send)
 
@@ -152,9 +155,9 @@ def main() -> None:
             for name, fn, check in [
                 ("copy", copy, lambda: [local.get_weights_checksum()]),
                 ("tensor (in-process engine)", tensor_path, lambda: [local.get_weights_checksum()]),
-                (f"broadcast (gloo, {args.engines} servers)", broadcast, lambda: [c.get_weights_checksum() for c in clients]),
+                (f"broadcast (gloo, {args.engines} servers x TP {args.tp_size})", broadcast, lambda: [c.get_weights_checksum() for c in clients]),
                 (f"disk ({args.engines} servers)", disk, lambda: [c.get_weights_checksum() for c in clients]),
-                (f"tensor, shared memory ({args.engines} servers)", tensor_servers, lambda: [c.get_weights_checksum() for c in clients]),
+                (f"tensor, shared memory ({args.engines} servers x TP {args.tp_size})", tensor_servers, lambda: [c.get_weights_checksum() for c in clients]),
             ]:
                 times = []
                 with console.status(name):

@@ -9,7 +9,8 @@ Each problem is a `UserError` naming the option and the fix (exit 2, one sentenc
 - `--prompt-data` and every `--eval-prompt-data` file exists and every row parses and has
   `--input-key` (and `--label-key` when set), read the way the run reads it;
 - `--load` (a resume) and `miles eval --checkpoint` hold a readable tracker naming a complete checkpoint;
-- every hook path (`--custom-rm-path`, `--dynamic-sampling-filter-path`, ...) imports;
+- every hook path (`--custom-rm-path`, `--dynamic-sampling-filter-path`, ...) imports, and
+  `--custom-generate-function-path` / `--rollout-function-path` name async functions;
 - `--use-prometheus`: `--prometheus-host`:`--prometheus-port` can be bound now.
 
 `pending` lists the directories that `miles full-train`'s prepare steps have yet to create: inputs
@@ -96,13 +97,17 @@ def _checkpoint_dir(path: str, flag: str) -> None:
     latest_checkpoint(p, flag=flag)
 
 
-def _hooks(cfg: Any) -> None:
+def _hooks(cfg: Any, command: str) -> None:
+    from miles.rollout.generate_hub.loading import load_generate_function, load_rollout_function
     from miles.utils.load_function import load_function
 
     for group, name in HOOK_OPTIONS:
         value = getattr(getattr(cfg, group), name, None)
         if value:
             load_function(value, flag=_flag(name))
+    load_generate_function(cfg.rollout.custom_generate_function_path)  # an async function, or exit 2
+    if command != "eval":
+        load_rollout_function(cfg.rollout.rollout_function_path)
 
 
 def _port(host: str, port: int) -> None:
@@ -164,6 +169,6 @@ def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pendi
                     option="--checkpoint",
                 )
             _checkpoint_dir(checkpoint, "--checkpoint")
-    _hooks(cfg)
+    _hooks(cfg, command)
     if command != "eval" and cfg.tracking.use_prometheus:
         _port(cfg.tracking.prometheus_host, cfg.tracking.prometheus_port)

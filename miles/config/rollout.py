@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles.config.fields import Derived, option
+from miles.errors import UserError
 
 
 @dataclass
@@ -53,6 +54,25 @@ class RolloutConfig:
         None,
         help="Group filter `fn(args, group) -> FilterResult`, e.g. miles.rollout.filters.check_reward_nonzero_std.",
     )
+    custom_generate_function_path: str | None = option(
+        None,
+        help=(
+            "The function that makes the samples of one prompt sample, for training rollouts and eval: module.fn or "
+            "file.py:fn naming `async fn(input: GenerateInput) -> GenerateOutput` "
+            "(miles.rollout.generate_hub.types); unset = miles.rollout.generate_hub.single_turn.generate, one engine "
+            "request per sample."
+        ),
+        in_eval=True,
+    )
+    rollout_function_path: str | None = option(
+        None,
+        help=(
+            "Replace the whole training rollout (drawing prompts, generation, over-sampling, filters, aborts): module.fn "
+            "or file.py:fn naming `async fn(input: RolloutFnInput) -> RolloutFnOutput` "
+            "(miles.rollout.generate_hub.types), which returns --rollout-batch-size x --n-samples-per-prompt samples as "
+            "prompt groups; samples without a reward are scored by --rm-type / --custom-rm-path. Eval is unchanged."
+        ),
+    )
     update_weight_buffer_size: int = option(
         512 * 1024**2, help="Bytes per bucket when sending new weights from the trainer to the rollout engines."
     )
@@ -88,3 +108,20 @@ class RolloutConfig:
         512,
         help="Requests in flight per SGLang server (--rollout-backend sglang); the rollout manager holds the rest back in order.",
     )
+
+    def check(self, rollout_batch_size: int) -> None:
+        """Reject options the rollout function would silently ignore: it replaces the built-in rollout,
+        its over-sampling and its filter."""
+        if not self.rollout_function_path:
+            return
+        if self.dynamic_sampling_filter_path:
+            raise UserError(
+                "--dynamic-sampling-filter-path is not applied with --rollout-function-path (the rollout function replaces "
+                "the built-in rollout and its filter); filter inside the function or drop one of them.",
+                option="--dynamic-sampling-filter-path",
+            )
+        if self.over_sampling_batch_size != rollout_batch_size:
+            raise UserError(
+                "--over-sampling-batch-size is not used with --rollout-function-path (the function draws its own prompts); drop it.",
+                option="--over-sampling-batch-size",
+            )

@@ -16,7 +16,6 @@ an error while it starts reaches the driver as the original `UserError`).
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -24,19 +23,6 @@ import ray
 
 from miles.ray.rollout_manager import RolloutManager
 from miles.ray.train_group import TrainWorker
-
-
-def _by_tags(call, tags: list[str] | None) -> None:
-    """Call a memory method with `tags` where it takes them. A manager whose engines release and resume
-    all their memory at once gets the whole call with the "weights" tag (the first of the colocated
-    order) and nothing for "kv_cache" alone, which it has then resumed already."""
-    if tags is None:
-        return call()
-    if "tags" in inspect.signature(call).parameters:
-        return call(tags=tags)
-    if "weights" in tags:
-        return call()
-    return None
 
 
 @ray.remote
@@ -92,11 +78,11 @@ class RolloutManagerActor:
 
     def offload(self, tags: list[str] | None = None) -> None:
         """Release the engines' memory (all of it, or the memory tags given: "weights", "kv_cache")."""
-        return _by_tags(self.manager.offload, tags)
+        return self.manager.offload(tags)
 
     def onload(self, tags: list[str] | None = None) -> None:
         """Resume the engines' memory (all of it, or the memory tags given)."""
-        return _by_tags(self.manager.onload, tags)
+        return self.manager.onload(tags)
 
     def weights_checksum(self) -> str:
         return self.manager.weights_checksum()

@@ -174,7 +174,7 @@ def _sync_after_train(cfg: EngineConfig, cluster, *, version: int) -> dict[str, 
         wait(manager.onload.remote(tags=["weights"]), "the rollout engine to resume its weights' memory")
     sync_time, metrics = _update_weights(cfg, cluster, version=version)
     if layout.offload_rollout:
-        wait(manager.onload.remote(tags=["kv_cache"]), "the rollout engine to resume its KV cache")
+        wait(manager.onload.remote(tags=["kv_cache", "cuda_graph"]), "the rollout engine to resume its KV cache and CUDA graphs")
     return {**metrics, "perf/weight_sync_time": sync_time}
 
 

@@ -1,17 +1,21 @@
 """The rollout manager: prompts → engines → rewards → train data, and eval, behind one object.
 
-It owns the rollout engine (made by `miles.rollout.engine.factory.make_engine` from --rollout-backend:
+It owns the rollout engine (made by `miles.ray.engine_factory.make_engine` from --rollout-backend:
 the built-in engine in-process, or a fleet of engine servers behind sglang-router with
 --rollout-num-gpus), the prompt data source, the eval datasets and the reward settings. The driver
 runs it as one Ray actor and talks to it only through the methods below; it can also be used
 in-process (tests).
 
-Generation is per request and asynchronous. A training rollout submits whole prompt groups, scores
-each group as soon as its last sample is back and applies the dynamic-sampling filter to it; while
+Generation is per sample and asynchronous: each sample is made by the generate function
+(`miles.rollout.generate_hub`: single-turn, or --custom-generate-function-path) in its own task, and
+reaches the engines through one `EngineClient` that sends a draw's requests together. A training
+rollout draws whole prompt groups, scores each group as soon as its last sample is back and applies
+the dynamic-sampling filter to it; while
 fewer groups are in flight than are still missing it draws --over-sampling-batch-size more (upstream's
 group-level rule). Once --rollout-batch-size groups are kept, the groups still in flight are aborted
 and go back to the data source, first in line for the next step. Kept groups are put in the order
 they were drawn, so a run without over-sampling is reproducible whatever order requests finish in.
+--rollout-function-path replaces all of that with a function of the user's (see `generate_hub`).
 
 Sampling is reproducible without saving engine RNG state: every request carries its own seed derived
 from (--rollout-seed, rollout id, sample index), so a resumed run regenerates exactly what an
@@ -21,13 +25,9 @@ uninterrupted run would have.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import hashlib
 import json
-import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +35,26 @@ import torch
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
+from miles.ray.engine_factory import make_engine
+from miles.ray.weight_sync import InProcessTargets
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
-from miles.rollout.engine.base import GenerateRequest, GenerateResponse, SamplingParams
-from miles.rollout.engine.factory import make_engine
+from miles.rollout.engine.base import SamplingParams
+from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.filters import apply_group_filter, load_group_filter
+from miles.rollout.generate_hub import (
+    EngineClient,
+    GenerateInput,
+    RolloutFnInput,
+    load_generate_function,
+    load_rollout_function,
+    request_seed,
+)
+from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
+from miles.rollout.generate_hub.types import as_groups, as_samples
 from miles.rollout.rm_hub import compute_group_rewards
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
 from miles.utils.load_function import load_function
-
-
-def request_seed(base: int, rollout_id: int, index: int, *, purpose: str = "train") -> int:
-    digest = hashlib.sha256(f"{purpose}:{base}:{rollout_id}:{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 def _as_fresh(s: Sample) -> Sample:
@@ -64,39 +71,6 @@ def engine_tp_size(cfg: EngineConfig) -> int:
     from miles.rollout.sglang.launch import engine_layout
 
     return engine_layout(cfg).gpus_per_engine
-
-
-def when_all(futures: list[Future]) -> asyncio.Future:
-    """An asyncio future of the results of `futures` (concurrent futures, e.g. engine requests), in
-    order, or the first error. The event loop wakes once, when the last one is done, instead of once
-    per request as `asyncio.gather(*map(asyncio.wrap_future, futures))` would: each wake-up takes the
-    GIL from the engine's scheduler thread while it generates."""
-    loop = asyncio.get_running_loop()
-    out: asyncio.Future = loop.create_future()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def settle() -> None:
-        if out.done():  # cancelled meanwhile (an aborted draw), or already failed
-            return
-        for f in futures:
-            if f.done() and (f.cancelled() or f.exception() is not None):
-                out.set_exception(asyncio.CancelledError() if f.cancelled() else f.exception())
-                return
-        out.set_result([f.result() for f in futures])
-
-    def one_done(f: Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last or f.cancelled() or f.exception() is not None:  # an error is reported at once
-            loop.call_soon_threadsafe(settle)
-
-    if not futures:
-        out.set_result([])
-    for f in futures:
-        f.add_done_callback(one_done)
-    return out
 
 
 def pick_device(device: str) -> str:
@@ -122,7 +96,7 @@ class RolloutManager:
         r, d = cfg.rollout, cfg.data
         self.log_dir = log_dir
         self.engine = make_engine(cfg, device=pick_device(cfg.cluster.device), actor_options=engine_actor_options, log_dir=log_dir)
-        self.tokenizer = getattr(self.engine, "tokenizer", None)
+        self.tokenizer = self.engine.tokenizer
         if self.tokenizer is None:  # engine servers: the manager still tokenizes prompts itself
             from transformers import AutoTokenizer
 
@@ -149,88 +123,47 @@ class RolloutManager:
         rw = cfg.reward
         self.reward_post_process = load_function(rw.custom_reward_post_process_path, flag="--custom-reward-post-process-path")
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
+        self.client = EngineClient(self.engine)
+        self.generate_fn = load_generate_function(r.custom_generate_function_path)
+        self.rollout_fn = load_rollout_function(r.rollout_function_path) if train_data else None
 
     # ------------------------------------------------------------------ generation
     def num_prompts(self) -> int:
         return len(self.dataset)
 
-    def _request(self, s: Sample, *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> GenerateRequest:
-        """The request for one sample. Each request gets its own seed (from --rollout-seed, the rollout
-        id and the sample index), and its new tokens are capped so prompt + response stay within
-        --rollout-max-context-len."""
-        context = self.cfg.rollout.rollout_max_context_len
-        if s.tokens and s.response_length == 0:
-            # The prompt's ids, tokenized once when the dataset was read (PromptDataset keeps them):
-            # re-encoding the same prompt for each of its samples every step was a tenth of a step.
-            prompt_ids = list(s.tokens)
-        else:
-            prompt_ids = self.tokenizer.encode(s.prompt, add_special_tokens=False)
-            s.tokens = list(prompt_ids)
-        max_new = params.max_new_tokens if context is None else max(0, min(params.max_new_tokens, context - len(prompt_ids)))
+    async def _generate_sample(
+        self, s: Sample, *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None, evaluation: bool = False
+    ) -> list[Sample]:
+        """The samples the generate function (--custom-generate-function-path) makes of `s`. Each
+        sample gets its own seed, from --rollout-seed, the rollout id and the sample index."""
         seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
-        return GenerateRequest(
-            input_ids=prompt_ids,
-            sampling_params=dataclasses.replace(params, max_new_tokens=max_new, seed=seed),
-            return_logprob=True,
-            rid=rid,
+        out = await self.generate_fn(
+            GenerateInput(
+                sample=s, sampling_params=dataclasses.replace(params, seed=seed), engine=self.client, cfg=self.cfg,
+                tokenizer=self.tokenizer, rollout_id=rollout_id, evaluation=evaluation, rid=rid,
+            )
         )
+        return as_samples(out, s, flag=GENERATE_FLAG)
 
-    @staticmethod
-    def _fill(s: Sample, resp: GenerateResponse) -> int:
-        s.tokens = s.tokens + list(resp.output_ids)
-        s.response_length = len(resp.output_ids)
-        s.response = resp.text
-        s.rollout_log_probs = [float(x) for x in (resp.output_token_logprobs or [])]
-        finish = resp.finish_reason["type"]
-        s.status = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED}.get(finish, SampleStatus.ABORTED)
-        s.weight_version = resp.weight_version
-        return s.response_length
+    async def _generate_group(self, group: list[Sample], *, rid: str | None = None, **kw: Any) -> list[Sample]:
+        """Every sample of `group` at once (one task each); the samples made of them, in order."""
+        outs = await asyncio.gather(
+            *(self._generate_sample(s, rid=None if rid is None else f"{rid}{j:04d}", **kw) for j, s in enumerate(group))
+        )
+        return [x for out in outs for x in out]
 
-    def _submit(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> list:
-        """Submit one request per sample; returns their futures."""
-        reqs = [
-            self._request(s, rollout_id=rollout_id, purpose=purpose, params=params, rid=None if rid is None else f"{rid}{j:04d}")
-            for j, s in enumerate(samples)
-        ]
-        return [self.engine.submit(q) for q in reqs]
+    async def _score_group(self, group: list[Sample]) -> None:
+        """Rewards for the group's samples that have none (a generate function may set its own)."""
+        todo = group if all(s.reward is None for s in group) else [s for s in group if s.reward is None]
+        if todo:
+            for s, reward in zip(todo, await compute_group_rewards(self.cfg.reward, todo)):
+                s.reward = reward
 
-    async def _fill_all(self, samples: list[Sample], futures: list) -> int:
-        """Wait for `futures` and fill `samples` (in place) with their responses; returns tokens."""
-        responses = await when_all(futures)
-        return sum(self._fill(s, resp) for s, resp in zip(samples, responses))
-
-    async def _run(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams, rid: str | None = None) -> int:
-        """Generate `samples` (in place) through the engine, all requests in flight at once; returns tokens."""
-        with self._submitting():
-            futures = self._submit(samples, rollout_id=rollout_id, purpose=purpose, params=params, rid=rid)
-        return await self._fill_all(samples, futures)
-
-    def _submitting(self):
-        """Context in which submitted requests reach the engine's scheduler together (one batch) rather
-        than a few at a time as the scheduler wakes up between them; engines without a scheduler of
-        their own (servers behind a router) need nothing."""
-        together = getattr(self.engine, "submitting_together", None)
-        return together() if together is not None else contextlib.nullcontext()
-
-    def _generate(self, samples: list[Sample], *, rollout_id: int, purpose: str, params: SamplingParams) -> int:
-        """Fill `samples` in place with responses; return the number of generated tokens."""
-        return asyncio.run(self._run(samples, rollout_id=rollout_id, purpose=purpose, params=params))
-
-    def _score(self, groups: list[list[Sample]]) -> None:
-        async def score_all():
-            results = await asyncio.gather(*(compute_group_rewards(self.cfg.reward, g) for g in groups))
-            for g, rewards in zip(groups, results):
-                for s, reward in zip(g, rewards):
-                    s.reward = reward
-
-        asyncio.run(score_all())
-
-    async def _group(self, group: list[Sample], futures: list) -> int:
-        """Wait for one submitted prompt group and score it."""
-        tokens = await self._fill_all(group, futures)
-        for s, reward in zip(group, await compute_group_rewards(self.cfg.reward, group)):
-            s.reward = reward
-        return tokens
+    async def _group(self, group: list[Sample], **kw: Any) -> tuple[list[Sample], int]:
+        """Generate one prompt group and score it: its samples and their generated tokens."""
+        samples = await self._generate_group(group, **kw)
+        await self._score_group(samples)
+        return samples, sum(s.response_length for s in samples)
 
     async def _collect(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
         """Kept groups (in draw order), counts of dropped/aborted groups, generated tokens."""
@@ -252,32 +185,30 @@ class RolloutManager:
                         "batches; loosen --dynamic-sampling-filter-path or raise --over-sampling-batch-size.",
                         option="--dynamic-sampling-filter-path",
                     )
-                groups = self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt)
-                with self._submitting():  # the whole draw is submitted before the scheduler looks
-                    futures = [
-                        self._submit(g, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn + k + 1:06d}-")
-                        for k, g in enumerate(groups)
-                    ]
-                for g, f in zip(groups, futures):
+                # One task per group, all created before any runs: the engine client sends the whole
+                # draw's requests to the engine together.
+                for g in self.data_source.get_samples(r.over_sampling_batch_size, d.n_samples_per_prompt):
                     drawn += 1
-                    pending[asyncio.ensure_future(self._group(g, f))] = (drawn, g)
+                    task = self._group(g, rollout_id=rollout_id, purpose=f"train{pulls}", params=params, rid=f"{prefix}{drawn:06d}-")
+                    pending[asyncio.ensure_future(task)] = (drawn, g)
                 continue
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=lambda t: pending[t][0]):
-                order, g = pending.pop(task)
-                tokens += task.result()
+                order, g = pending.pop(task)  # g: the drawn samples, given back as fresh prompts if not kept
+                samples, n = task.result()
+                tokens += n
                 if len(kept) == target:  # finished together with the last needed group: not needed
                     spare.append((order, g))
                     continue
                 if self.dynamic_filter is not None:
-                    verdict = apply_group_filter(self.dynamic_filter, self.cfg.reward, g)
+                    verdict = apply_group_filter(self.dynamic_filter, self.cfg.reward, samples)
                     if not verdict.keep:
                         key = f"rollout/dynamic_filter/drop_{verdict.reason}"  # upstream miles' name
                         counts[key] = counts.get(key, 0.0) + 1
                         continue
-                kept.append((order, g))
+                kept.append((order, samples))
         if pending:  # enough groups: stop the rest now (upstream aborts; the groups go back to the buffer)
-            await asyncio.get_running_loop().run_in_executor(None, lambda: self.engine.abort_request(prefix))
+            await self.client.abort(prefix)
             await asyncio.wait(pending, timeout=60)
             for task in pending:
                 if task.done() and not task.cancelled():
@@ -290,6 +221,27 @@ class RolloutManager:
             self.data_source.add_samples([[_as_fresh(s) for s in g] for _, g in sorted(spare, key=lambda x: x[0])])
         return [g for _, g in sorted(kept, key=lambda x: x[0])], counts, tokens
 
+    async def _rollout_fn(self, rollout_id: int) -> tuple[list[list[Sample]], dict[str, float], int]:
+        """--rollout-function-path's groups (scored where they have no reward), its metrics, generated tokens."""
+        params = SamplingParams.from_rollout_config(self.cfg.rollout)
+        prefix = f"train-{rollout_id:06d}-"
+
+        async def generate(sample: Sample, rid: str | None = None) -> list[Sample]:
+            # purpose "train1": the seeds of the built-in rollout's first draw
+            rid = f"{prefix}s{sample.index or 0:06d}-" if rid is None else rid
+            return await self._generate_sample(sample, rollout_id=rollout_id, purpose="train1", params=params, rid=rid)
+
+        out = await self.rollout_fn(
+            RolloutFnInput(
+                rollout_id=rollout_id, data_source=self.data_source, engine=self.client, cfg=self.cfg,
+                tokenizer=self.tokenizer, sampling_params=params, generate=generate,
+            )
+        )
+        await self.client.abort(prefix)  # what the function left running is not waited for
+        groups, metrics = as_groups(out, flag=ROLLOUT_FLAG)
+        await asyncio.gather(*(self._score_group(g) for g in groups))
+        return groups, metrics, sum(s.response_length for g in groups for s in g)
+
     def generate_split(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         """`generate` as (train data, metrics): the driver calls it with `num_returns=2`, so the train
         data stays in Ray's object store and goes to the training workers as a reference; the driver
@@ -301,8 +253,15 @@ class RolloutManager:
         """One rollout step: `--rollout-batch-size` scored groups as train data, plus rollout/* metrics."""
         d = self.cfg.data
         t0 = time.perf_counter()
-        kept, counts, tokens = asyncio.run(self._collect(rollout_id))
+        kept, counts, tokens = asyncio.run(self._collect(rollout_id) if self.rollout_fn is None else self._rollout_fn(rollout_id))
         samples = [s for g in kept for s in g]
+        if len(samples) != d.rollout_batch_size * d.n_samples_per_prompt:
+            flag = GENERATE_FLAG if self.rollout_fn is None else ROLLOUT_FLAG
+            raise UserError(
+                f"{flag} made {len(samples)} samples for rollout {rollout_id}; the optimizer steps take exactly "
+                f"--rollout-batch-size x --n-samples-per-prompt = {d.rollout_batch_size * d.n_samples_per_prompt}.",
+                option=flag,
+            )
         train_data = samples_to_train_data(
             samples,
             algo=self.cfg.algo,
@@ -314,7 +273,13 @@ class RolloutManager:
         )
         elapsed = time.perf_counter() - t0
         raw = torch.tensor(train_data["raw_reward"], dtype=torch.float64)
-        group_std = raw.view(-1, d.n_samples_per_prompt).std(dim=1, unbiased=False) if d.n_samples_per_prompt > 1 else torch.zeros(1)
+        sizes = [len(g) for g in kept]
+        if any(n != d.n_samples_per_prompt for n in sizes):  # a custom function's groups
+            group_std = torch.stack([x.std(unbiased=False) for x in raw.split(sizes)])
+        elif d.n_samples_per_prompt > 1:
+            group_std = raw.view(-1, d.n_samples_per_prompt).std(dim=1, unbiased=False)
+        else:
+            group_std = torch.zeros(1)
         lengths = torch.tensor([s.response_length for s in samples], dtype=torch.float64)
         metrics = {
             "rollout/raw_reward": raw.mean().item(),
@@ -348,6 +313,12 @@ class RolloutManager:
             return False
         return all(split_rm_type(effective_rm_type(self.cfg.reward, s))[1] in BINARY_RM_TYPES for s in samples)
 
+    async def _eval_groups(self, groups: list[list[Sample]], **kw: Any) -> list[list[Sample]]:
+        """Generate every eval group at once, then score each: the samples made of them."""
+        out = await asyncio.gather(*(self._generate_group(g, evaluation=True, **kw) for g in groups))
+        await asyncio.gather(*(self._score_group(g) for g in out))
+        return list(out)
+
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Score every eval dataset with the eval sampling settings; eval/<name>/{reward,accuracy,...}
         (accuracy only when the reward is right/wrong, see `_binary_rewards`)."""
@@ -364,7 +335,6 @@ class RolloutManager:
                     s.group_index = i
                     group.append(s)
                 groups.append(group)
-            flat = [s for g in groups for s in g]
             params = dataclasses.replace(
                 SamplingParams.from_rollout_config(self.cfg.rollout),
                 temperature=e.eval_temperature,
@@ -372,8 +342,8 @@ class RolloutManager:
                 top_k=e.eval_top_k,
                 max_new_tokens=e.eval_max_response_len,
             )
-            self._generate(flat, rollout_id=rollout_id, purpose=f"eval:{name}", params=params)
-            self._score(groups)
+            groups = asyncio.run(self._eval_groups(groups, rollout_id=rollout_id, purpose=f"eval:{name}", params=params))
+            flat = [s for g in groups for s in g]
             key = self.cfg.reward.eval_reward_key
             rewards = [s.get_reward_value(key) for s in flat]
             metrics[f"eval/{name}/reward"] = sum(rewards) / len(rewards)
@@ -385,23 +355,25 @@ class RolloutManager:
         return metrics
 
     # ------------------------------------------------------------------ weights
-    def begin_weight_update(self) -> dict[str, Any]:
+    def begin_weight_update(self) -> WeightTargets:
         """Pause (in-flight requests abort), flush, open the update session on every engine; returns
-        where the trainer's source rank sends the weights (miles/ray/weight_sync.py)."""
+        where the trainer sends the weights (typed targets, miles/ray/weight_sync.py)."""
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            return {"mode": "in_process"}
+            return InProcessTargets()
         self.engine.begin_weight_update()
         r = self.cfg.rollout
-        urls = self.engine.weight_targets()
-        return {
-            "mode": r.update_weight_transfer_mode,
-            "urls": urls,
-            "tp_sizes": [engine_tp_size(self.cfg)] * len(urls),
-            "disk_dir": str(Path(self.log_dir or ".") / "weight_sync"),
-            "hf_checkpoint": r.hf_checkpoint,
-        }
+        tp = engine_tp_size(self.cfg)
+        # Colocated on GPUs, engine i's TP rank t shares bundle i·tp + t, and so the GPU, with training rank i·tp + t.
+        colocated = self.cfg.cluster.colocate and pick_device(self.cfg.cluster.device) == "cuda"
+        engines = tuple(
+            EngineTarget(url, tp, tuple(range(i * tp, (i + 1) * tp)) if colocated else ())
+            for i, url in self.engine.weight_targets()
+        )
+        return transport_targets(
+            r.update_weight_transfer_mode, engines, disk_dir=str(Path(self.log_dir or ".") / "weight_sync"), hf_checkpoint=r.hf_checkpoint
+        )
 
     def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights_from_tensors(bucket)
@@ -418,12 +390,17 @@ class RolloutManager:
             self.load_weight_bucket(bucket)
         self.end_weight_update(version)
 
-    def offload(self) -> None:
-        """--offload-rollout: engine weights to host memory while the actors train (no-op on CPU)."""
-        self.engine.release_memory_occupation()
+    def offload(self, tags: list[str] | None = None) -> None:
+        """--offload-rollout: release the engines' memory of `tags` (None: weights, KV cache and CUDA
+        graphs) while the trainer runs; engine servers are drained first and their health monitor
+        stands down until everything is resumed. No-op on CPU for the built-in engine."""
+        self.engine.release_memory_occupation(tags)
 
-    def onload(self) -> None:
-        self.engine.resume_memory_occupation()
+    def onload(self, tags: list[str] | None = None) -> None:
+        """Take the memory of `tags` back (None: all). Colocated, the order is onload(["weights"]),
+        the weight sync, then onload(["kv_cache", "cuda_graph"]): the KV cache is not allocated while
+        the weights arrive."""
+        self.engine.resume_memory_occupation(tags)
 
     def weights_checksum(self) -> str:
         return self.engine.get_weights_checksum()
@@ -431,20 +408,14 @@ class RolloutManager:
     def recover_engines(self) -> bool:
         """After a failed weight update: True when the engines were recovered and the update may run
         again (fault tolerance); raises RunStopped naming a dead engine otherwise; False in-process."""
-        recover = getattr(self.engine, "recover", None)
-        if recover is None:
-            return False
-        recover()
-        return True
+        return self.engine.recover()
 
     def engine_health(self) -> dict[str, Any]:
         return self.engine.health()
 
     def shutdown(self) -> None:
         """Stop engine servers and the router (no-op for the in-process engine)."""
-        stop = getattr(self.engine, "shutdown", None)
-        if stop is not None:
-            stop()
+        self.engine.shutdown()
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:

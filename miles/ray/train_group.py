@@ -31,6 +31,7 @@ import torch
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
 from miles.utils.net import free_port
+from miles.ray.weight_sync import SyncOrder, WeightPusher
 
 if TYPE_CHECKING:
     from miles.backends.base import TrainerBackend
@@ -75,6 +76,7 @@ class TrainWorker:
         self.cfg = cfg
         self.rank, self.world_size, self.device = rank, world_size, device
         self.backend: TrainerBackend | None = None
+        self.weight_pusher = WeightPusher()  # its sender (a broadcast group, a tensor buffer) outlives a sync
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a port free on this node): called on rank 0 only."""
@@ -111,11 +113,9 @@ class TrainWorker:
         self.backend.onload()
 
     # -- weights to the rollout engines --------------------------------------------------------------
-    def push_weights(self, targets: dict[str, Any], version: int) -> dict[str, float]:
+    def push_weights(self, order: "SyncOrder") -> dict[str, float]:
         """Every rank: iterate the weight buckets; the source rank sends them to the engines (miles/ray/weight_sync.py)."""
-        from miles.ray.weight_sync import push_weights
-
-        return push_weights(self, targets, version)
+        return self.weight_pusher.push(self.backend, order)
 
     def weights_checksum(self) -> str:
         return self.backend.weights_checksum()

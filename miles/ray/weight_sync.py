@@ -1,32 +1,69 @@
 """Weight sync, trainer ranks -> rollout engines, bucket by bucket; the driver only orders it.
 
-    driver:          targets = manager.begin_weight_update()      # engines paused, flushed, in a session
-                     every trainer rank: push_weights(targets, v)  # the bytes: source rank -> engines
-                     manager.end_weight_update(v)                  # version set, restarted engines join
-                                                                   # the router, generation continues
+    driver:          targets = manager.begin_weight_update()       # engines paused, flushed, in a session
+                     every trainer rank: push_weights(SyncOrder)    # the bytes: trainer -> engines
+                     manager.end_weight_update(v)                   # version set, restarted engines join
+                                                                    # the router, generation continues
 
-Every trainer rank iterates the weight buckets (a collective once TP/PP shards are gathered); only
-the source rank sends. The paths:
+`begin_weight_update` answers a typed `WeightTargets` (miles.rollout.engine.weight_transport: broadcast,
+tensor, disk; `InProcessTargets` here for the engine inside the rollout manager actor). Each train
+worker owns one `WeightPusher`, which keeps the sender of the last sync while the targets stay equal (a
+broadcast group and a tensor buffer outlive a sync; an engine restarted at a new address makes new
+targets, so a new group). Every trainer rank iterates the weight buckets (a collective once TP/PP
+shards are gathered); the source rank sends, except for a tensor sync on GPUs, where every rank hands
+the source a CUDA IPC handle to its own copy and each engine TP rank opens the one on its GPU.
 
-- `in_process`: the in-process engine (inside the rollout manager actor). Each bucket goes from the
-  source rank to the manager as a Ray object (worker -> manager, never via the driver).
-- `tensor` (--update-weight-transfer-mode tensor): engine servers on the source rank's host. Per
-  bucket the source POSTs handles to a copy of it in shared memory (CUDA IPC on a GPU) to every
-  engine's `/update_weights_from_tensor`, then one cache flush
-  (`miles.rollout.engine.weight_transport.TensorSender`).
-- `broadcast`: engine servers. A gloo group between the source rank and every engine
-  (`miles.rollout.engine.weight_transport.BroadcastSender`), kept across updates and rebuilt when
-  the set of engines changes (a restarted engine has a new address).
-- `disk`: engine servers. The source rank writes one safetensors shard per bucket under the run
-  directory, then every engine loads the directory.
-
-`trainer_weight_buckets` is the one place that knows how a trainer yields its weights.
+`in_process`: each bucket goes from the source rank to the manager as a Ray object (worker -> manager,
+never via the driver), one bucket in flight at a time (--update-weight-buffer-size bounds its memory).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
+
+from miles.rollout.engine.weight_transport import TensorSender, TensorTargets, WeightSender, WeightTargets
+
+# How long the source rank waits for the rollout manager to load one in-process bucket.
+IN_PROCESS_BUCKET_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class InProcessTargets(WeightTargets):
+    """The in-process engine, inside the rollout manager actor (`manager`, a Ray actor handle)."""
+
+    keep_sender: ClassVar[bool] = False
+
+    manager: Any = None
+
+    def open_sender(self) -> "InProcessSender":
+        return InProcessSender(self)
+
+    def describe(self) -> str:
+        return "the in-process engine"
+
+
+class InProcessSender(WeightSender):
+    def __init__(self, targets: InProcessTargets):
+        if targets.manager is None:
+            raise ValueError("in-process weight targets need the rollout manager's handle")
+        self.targets = targets
+
+    def send_bucket(self, bucket, version: int) -> None:
+        import ray
+
+        bucket = [(name, t.detach().cpu()) for name, t in bucket]
+        ray.get(self.targets.manager.load_weight_bucket.remote(bucket), timeout=IN_PROCESS_BUCKET_TIMEOUT_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncOrder:
+    """What the driver hands every trainer rank: where to, which version, how big a bucket."""
+
+    targets: WeightTargets
+    version: int
+    bucket_bytes: int
 
 
 def trainer_weight_buckets(backend, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
@@ -35,82 +72,72 @@ def trainer_weight_buckets(backend, bucket_bytes: int) -> Iterator[list[tuple[st
     return backend.iter_weight_buckets(bucket_bytes)
 
 
-def is_weight_source(worker) -> bool:
-    """Whether this rank sends the weights (`TrainerBackend.is_weight_source`)."""
-    return worker.backend.is_weight_source
+def _gathers_handles(targets: WeightTargets, bucket) -> bool:
+    """A tensor sync of CUDA tensors to engines whose TP ranks' GPUs are known: every rank's handle."""
+    return isinstance(targets, TensorTargets) and bucket[0][1].is_cuda and any(e.gpu_ranks for e in targets.engines)
 
 
-def push_weights(worker, targets: dict[str, Any], version: int) -> dict[str, float]:
-    """Run on every trainer rank (TrainWorker.push_weights): iterate the buckets, send from the source."""
-    import ray
+class WeightPusher:
+    """A train worker's end of the weight sync (one per worker, kept across syncs)."""
 
-    buckets = trainer_weight_buckets(worker.backend, targets["bucket_bytes"])
-    if not is_weight_source(worker):
-        for _ in buckets:  # take part in the collective, send nothing
-            pass
-        return {}
-    t0 = time.perf_counter()
-    sent = 0
-    mode = targets["mode"]
-    if mode == "in_process":
-        manager = targets["manager"]
-        for bucket in buckets:
-            bucket = [(name, t.detach().cpu()) for name, t in bucket]
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)
-            # One bucket in flight at a time: --update-weight-buffer-size bounds the memory it costs.
-            ray.get(manager.load_weight_bucket.remote(bucket), timeout=600)
-    elif mode == "tensor":
-        sender = _tensor_sender(worker, targets["urls"], targets.get("tp_sizes"))
-        for bucket in buckets:
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)
-            sender.send_bucket(bucket, weight_version=version)
-        sender.finish()
-    elif mode == "broadcast":
-        sender = _broadcast_sender(worker, targets["urls"])
-        for bucket in buckets:
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)
-            sender.send_bucket(bucket, weight_version=version)
-    elif mode == "disk":
-        from miles.rollout.engine.weight_transport import DiskSender
+    def __init__(self):
+        self.sender: WeightSender | None = None
 
-        sender = DiskSender(targets["urls"], targets["disk_dir"], targets.get("hf_checkpoint"))
+    def _sender_for(self, targets: WeightTargets) -> WeightSender:
+        if self.sender is not None and self.sender.targets != targets:
+            self.sender.close()  # other engines (a restart has a new address): a new group
+            self.sender = None
+        if self.sender is None:
+            self.sender = targets.open_sender()
+        return self.sender
+
+    def push(self, backend, order: SyncOrder) -> dict[str, float]:
+        """Run on every trainer rank: iterate the buckets, send from the source."""
+        buckets = trainer_weight_buckets(backend, order.bucket_bytes)
+        source = backend.is_weight_source
+        t0 = time.perf_counter()
+        sent = 0
+        sender: WeightSender | None = None
         try:
             for bucket in buckets:
+                if not bucket:
+                    continue
+                if _gathers_handles(order.targets, bucket):
+                    sender = self._sender_for(order.targets)
+                    self._send_gathered(sender, bucket, order.version, source)
+                elif source:
+                    if sender is None:
+                        sender = self._sender_for(order.targets)
+                        sender.begin(order.version)
+                    sender.send_bucket(bucket, order.version)
+                # other ranks take part in the collective and send nothing
                 sent += sum(t.numel() * t.element_size() for _, t in bucket)
-                sender.send_bucket(bucket)
-            sender.finish(version)
+            if sender is not None and source:
+                sender.finish(order.version)
         finally:
-            sender.close()
-    else:
-        raise ValueError(f"unknown weight transfer mode {mode!r}")
-    return {"perf/weight_sync_bytes": float(sent), "perf/weight_sync_send_time": time.perf_counter() - t0}
+            if sender is not None and not order.targets.keep_sender:
+                sender.close()
+                self.sender = None
+        if not source:
+            return {}
+        return {"perf/weight_sync_bytes": float(sent), "perf/weight_sync_send_time": time.perf_counter() - t0}
 
+    @staticmethod
+    def _send_gathered(sender: TensorSender, bucket, version: int, source: bool) -> None:
+        """Every rank copies the bucket on its own GPU and hands the source a handle; the source posts
+        each engine TP rank the handle from its GPU; all keep their copy until the engines answered."""
+        import torch.distributed as dist
 
-def _tensor_sender(worker, urls: list[str], tp_sizes: list[int] | None):
-    """Kept across updates (its bucket buffer is reused); rebuilt when the set of engines changes."""
-    from miles.rollout.engine.weight_transport import TensorSender
+        from miles.rollout.engine.tensor_ipc import serialize_bucket
 
-    sender = getattr(worker, "_tensor_sender", None)
-    if sender is not None and (sender.urls, sender.tp_sizes) != (list(urls), list(tp_sizes or [1] * len(urls))):
-        sender.close()
-        sender = None
-    if sender is None:
-        sender = worker._tensor_sender = TensorSender(urls, tp_sizes=tp_sizes)
-    return sender
-
-
-def _broadcast_sender(worker, urls: list[str]):
-    from miles.rollout.engine.weight_transport import BroadcastSender
-
-    sender = getattr(worker, "_weight_sender", None)
-    if sender is not None and sender.urls != list(urls):
-        sender.close()  # an engine was restarted (new address): rebuild the group
-        sender = None
-    if sender is None:
-        sender = BroadcastSender(urls)
-        sender.connect()
-        worker._weight_sender = sender
-    return sender
+        handle = serialize_bucket(sender.views(bucket))
+        gathered = [None] * dist.get_world_size() if source else None
+        dist.gather_object(handle, gathered, dst=0)
+        try:
+            if source:
+                sender.send_bucket(bucket, version, by_rank=gathered)
+        finally:
+            dist.barrier()  # the buffers stay alive until every engine has copied out of them
 
 
 def sync_weights(cfg, workers, manager, *, version: int, wait) -> dict[str, float]:
@@ -129,12 +156,12 @@ def sync_weights(cfg, workers, manager, *, version: int, wait) -> dict[str, floa
 
 def _sync_once(cfg, workers, manager, *, version: int, wait) -> dict[str, float]:
     targets = wait(manager.begin_weight_update.remote(), "the rollout engines to pause for a weight update")
-    targets["bucket_bytes"] = cfg.rollout.update_weight_buffer_size
-    if targets["mode"] == "in_process":
-        targets["manager"] = manager
+    if isinstance(targets, InProcessTargets):
+        targets = dataclasses.replace(targets, manager=manager)
+    order = SyncOrder(targets, version, cfg.rollout.update_weight_buffer_size)
     results = wait(
-        [w.push_weights.remote(targets, version) for w in workers],
-        f"the trainer ranks to send weights (version {version}) to {len(targets.get('urls') or [1])} engine(s)",
+        [w.push_weights.remote(order) for w in workers],
+        f"the trainer ranks to send weights (version {version}) to {targets.describe()}",
     )
     wait(manager.end_weight_update.remote(version), "the rollout engines to finish the weight update")
     return next((r for r in results if r), {})

@@ -46,6 +46,7 @@ def _files(root: Path) -> dict[str, str]:
     dangling.mkdir()
     (dangling / "latest_checkpointed_iteration.txt").write_text("7\n")
     (root / "a_file").write_text("x")
+    (root / "gen_hooks.py").write_text("def sync_generate(input):\n    return input.sample\n\n\nasync def rollout(input):\n    return []\n\n\nclass Rollout:\n    async def __call__(self, input):\n        return []\n")
     (root / "neither").mkdir()
     # A finished run's checkpoints (only what the checks read: the tracker and the files it names).
     finished = root / "out" / "finished" / "checkpoints"
@@ -126,6 +127,13 @@ ROWS = [
     ("eval-checkpoint-neither", "eval", ["--checkpoint", "{root}/neither", "--dry-run"], [], 2, "is neither a Hugging Face model directory"),
     ("hook-module-missing", "train", ["--dry-run"], ["--dynamic-sampling-filter-path", "no_such_module.fn"], 2, "--dynamic-sampling-filter-path"),
     ("hook-file-missing", "train", ["--dry-run"], ["--custom-rm-path", "{root}/nope.py:fn"], 2, "--custom-rm-path"),
+    ("generate-fn-not-async", "train", ["--dry-run"], ["--custom-generate-function-path", "{root}/gen_hooks.py:sync_generate"], 2, "--custom-generate-function-path {root}/gen_hooks.py:sync_generate is not an async function"),
+    ("generate-fn-missing-module", "train", ["--dry-run"], ["--custom-generate-function-path", "no_such_module.generate"], 2, "--custom-generate-function-path 'no_such_module.generate': module"),
+    ("rollout-fn-a-class", "train", ["--dry-run"], ["--rollout-function-path", "{root}/gen_hooks.py:Rollout"], 2, "--rollout-function-path {root}/gen_hooks.py:Rollout is a class"),
+    ("rollout-fn-missing-attr", "train", ["--dry-run"], ["--rollout-function-path", "{root}/gen_hooks.py:nope"], 2, "has no attribute 'nope'"),
+    ("rollout-fn-with-filter", "train", ["--dry-run"], ["--rollout-function-path", "{root}/gen_hooks.py:rollout", "--dynamic-sampling-filter-path", "miles.rollout.filters.check_reward_nonzero_std"], 2, "--dynamic-sampling-filter-path is not applied with --rollout-function-path"),
+    ("rollout-fn-with-over-sampling", "train", ["--dry-run"], ["--rollout-function-path", "{root}/gen_hooks.py:rollout", "--over-sampling-batch-size", "64"], 2, "--over-sampling-batch-size is not used with --rollout-function-path"),
+    ("eval-generate-fn-not-async", "eval", ["--dry-run"], ["--custom-generate-function-path", "{root}/gen_hooks.py:sync_generate"], 2, "is not an async function"),
     ("prometheus-port-busy", "train", ["--dry-run"], ["--use-prometheus", "--prometheus-port", "{busy_port}"], 2, "--prometheus-port {busy_port} is already in use"),
     ("prometheus-host-foreign", "train", ["--dry-run"], ["--use-prometheus", "--prometheus-host", "203.0.113.1"], 2, "--prometheus-host 203.0.113.1"),
     # --- run directories: a live run's, another run's, another run's checkpoints

@@ -186,14 +186,14 @@ def test_requests_of_a_killed_engine_are_sent_again_exactly_once(files, tmp_path
     from miles.config.fault_tolerance import FaultToleranceConfig
     from miles.rollout.engine.base import GenerateRequest, SamplingParams
     from miles.rollout.engine.builtin import BuiltinEngine
-    from miles.rollout.engine.fleet import EngineFleet
+    from miles.ray.engine_factory import builtin_fleet
 
     _, model = files
     # The health monitor stays out of it (its first check is an hour away): the failed requests
     # themselves must find the dead engine.
     ft = FaultToleranceConfig(use_fault_tolerance=True, rollout_health_check_first_wait=3600)
     reqs = [GenerateRequest([5, 6, 7], SamplingParams(temperature=1.0, max_new_tokens=24, seed=i), True, f"r{i:02d}") for i in range(16)]
-    fleet = EngineFleet(str(model), num_engines=2, policy="round_robin", ft=ft, max_batch_size=1, log_dir=tmp_path)
+    fleet = builtin_fleet(str(model), num_engines=2, policy="round_robin", ft=ft, max_batch_size=1, log_dir=tmp_path)
     try:
         futures = [fleet.submit(r) for r in reqs]
         deadline = time.monotonic() + 120

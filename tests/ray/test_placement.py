@@ -112,7 +112,7 @@ def test_colocated_memory_order(monkeypatch):
     driver._train(cfg, fake, None, 0)
     driver._sync_after_train(cfg, fake, version=1)
     assert fake.calls == ["offload", "trainer.onload", "trainer.train",
-                          "trainer.offload", "onload(weights)", "update_weights", "onload(kv_cache)"]
+                          "trainer.offload", "onload(weights)", "update_weights", "onload(kv_cache,cuda_graph)"]
 
 
 def test_on_cpu_the_driver_makes_no_memory_calls(monkeypatch):

@@ -149,59 +149,20 @@ def test_every_request_carries_exactly_its_prompt_ids_and_nothing_is_re_tokenize
             assert tokens[: len(tokens) - n] in prompt_ids
 
 
-def test_a_draw_is_submitted_together_and_when_all_keeps_order_and_errors():
-    import asyncio
-    from concurrent.futures import Future
-
-    from miles.ray.rollout_manager import when_all
-
-    async def run(futures, finish):
-        waiter = when_all(futures)
-        await asyncio.sleep(0)
-        assert not waiter.done()
-        for f, value in finish:
-            (f.set_exception if isinstance(value, Exception) else f.set_result)(value)
-            await asyncio.sleep(0)
-        return await waiter
-
-    fs = [Future() for _ in range(3)]
-    assert asyncio.run(run(fs, [(fs[2], "c"), (fs[0], "a"), (fs[1], "b")])) == ["a", "b", "c"]
-    fs = [Future() for _ in range(2)]
-    with pytest.raises(ValueError, match="bad"):
-        asyncio.run(run(fs, [(fs[1], ValueError("bad")), (fs[0], "a")]))
-    assert asyncio.run(when_all_empty()) == []
-
-    async def first_error_without_waiting_for_the_rest():
-        fs = [Future() for _ in range(3)]
-        waiter = when_all(fs)
-        fs[1].set_exception(RuntimeError("engine died"))  # the other two never finish
-        with pytest.raises(RuntimeError, match="engine died"):
-            await asyncio.wait_for(waiter, 5)
-        fs2 = [Future(), Future()]
-        waiter2 = when_all(fs2)
-        fs2[0].cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(waiter2, 5)
-
-    asyncio.run(first_error_without_waiting_for_the_rest())
-
-
-async def when_all_empty():
-    from miles.ray.rollout_manager import when_all
-
-    return await when_all([])
-
-
 def test_one_draw_reaches_the_engine_inside_submitting_together(setup):
+    """The whole draw is one batch: every request inside one `submitting_together()` (the engine
+    client's order, errors and wake-ups: tests/rollout/test_generate_hub.py)."""
     m = make(setup, over_sampling_batch_size=3)
     inside = [False]
     calls: list[bool] = []
+    batches = [0]
     lock = m.engine.submitting_together()
 
     class Together:
         def __enter__(self):
             lock.__enter__()
             inside[0] = True
+            batches[0] += 1
 
         def __exit__(self, *exc):
             inside[0] = False
@@ -212,3 +173,121 @@ def test_one_draw_reaches_the_engine_inside_submitting_together(setup):
     m.engine.submit = lambda q: (calls.append(inside[0]), submit(q))[1]
     m.generate(0)
     assert len(calls) == 6 and all(calls)  # 3 groups x 2 samples, every one inside the one batch
+    assert batches[0] == 1
+
+
+# ------------------------------------------------------------------ the generate seam (miles/rollout/generate_hub)
+
+SEAM_HOOKS = '''
+import dataclasses
+
+from miles.rollout.generate_hub import GenerateOutput, RolloutFnOutput
+from miles.rollout.generate_hub.single_turn import generate as single_turn
+
+CALLS = []
+ROLLOUTS = []
+
+
+async def first_token_only(input):
+    """Generates as single-turn does, then keeps a copy cut to its first response token."""
+    s = await single_turn(input)
+    keep = s.prompt_length + 1
+    out = dataclasses.replace(s, tokens=s.tokens[:keep], response_length=1, rollout_log_probs=s.rollout_log_probs[:1],
+                              metadata={**s.metadata, "made_by": "first_token_only"})
+    CALLS.append({"rollout_id": input.rollout_id, "index": s.index, "evaluation": input.evaluation,
+                  "seed": input.sampling_params.seed, "rid": input.rid, "tokens": list(out.tokens)})
+    return GenerateOutput(out)
+
+
+async def rewarded(input):
+    s = await single_turn(input)
+    s.reward = 0.25 if s.index % 2 else None  # the odd ones bring their own reward
+    return s
+
+
+async def one_group_of_doubles(input):
+    """Draws half the prompts and makes two samples of each (a list output)."""
+    d = input.cfg.data
+    groups = input.data_source.get_samples(d.rollout_batch_size // 2, d.n_samples_per_prompt)
+    out = []
+    for g in groups:
+        made = []
+        for s in g:
+            made += await input.generate(s)
+            made.append(dataclasses.replace(made[-1], reward=None))
+        out.append(made)
+    ROLLOUTS.append({"rollout_id": input.rollout_id, "indices": [s.index for g in out for s in g]})
+    return RolloutFnOutput(out, metrics={"rollout/my_metric": 7.0})
+
+
+async def too_few(input):
+    return input.data_source.get_samples(1, 1)
+'''
+
+
+@pytest.fixture(scope="module")
+def seam_hooks(setup):
+    path = setup[0] / "seam_hooks.py"
+    path.write_text(SEAM_HOOKS)
+    return path
+
+
+def hook_globals(path: str, *, rollout: bool = False) -> dict:
+    from miles.rollout.generate_hub import load_generate_function, load_rollout_function
+
+    return (load_rollout_function if rollout else load_generate_function)(path).__globals__  # the instance the manager runs
+
+
+def test_a_custom_generate_function_makes_every_sample_and_its_samples_are_trained_on(setup, seam_hooks):
+    path = f"{seam_hooks}:first_token_only"
+    calls = hook_globals(path)["CALLS"]
+    calls.clear()
+    m = make(setup, custom_generate_function_path=path, over_sampling_batch_size=2)
+    out = m.generate(0)["train_data"]
+    assert sorted(c["index"] for c in calls) == [0, 1, 2, 3]  # every sample of the rollout, once
+    assert all(not c["evaluation"] and c["rollout_id"] == 0 for c in calls)
+    assert len({c["seed"] for c in calls}) == 4  # each its own seed
+    assert sorted(c["rid"] for c in calls) == ["train-000000-000001-0000", "train-000000-000001-0001", "train-000000-000002-0000", "train-000000-000002-0001"]
+    by_index = {c["index"]: c["tokens"] for c in calls}
+    assert out["response_lengths"] == [1, 1, 1, 1]  # what it returned, not what the engine generated
+    assert out["tokens"] == [by_index[i] for i in out["sample_indices"]]
+    assert all(len(lp) == 1 for lp in out["rollout_log_probs"])
+
+
+def test_the_custom_generate_function_makes_the_eval_samples_too(setup, seam_hooks):
+    path = f"{seam_hooks}:first_token_only"
+    calls = hook_globals(path)["CALLS"]
+    calls.clear()
+    metrics = make(setup, custom_generate_function_path=path).eval(3)
+    assert sorted(c["index"] for c in calls) == [0, 1, 2, 3, 4] and all(c["evaluation"] and c["rid"] is None for c in calls)
+    assert metrics["eval/arith/response_len_mean"] == 1.0
+
+
+def test_a_reward_the_generate_function_set_is_kept_and_the_others_are_scored(setup, seam_hooks):
+    m = make(setup, custom_generate_function_path=f"{seam_hooks}:rewarded")
+    out = m.generate(0)["train_data"]
+    raw = dict(zip(out["sample_indices"], out["raw_reward"]))
+    assert all(raw[i] == 0.25 for i in raw if i % 2) and all(raw[i] in (0.0, 1.0) for i in raw if not i % 2)
+
+
+def test_a_rollout_function_replaces_the_rollout_and_its_samples_are_trained_on(setup, seam_hooks):
+    path = f"{seam_hooks}:one_group_of_doubles"
+    rollouts = hook_globals(path, rollout=True)["ROLLOUTS"]
+    rollouts.clear()
+    m = make(setup, rollout_function_path=path, rollout_batch_size=2, n_samples_per_prompt=2)
+    out = m.generate(0)
+    assert rollouts == [{"rollout_id": 0, "indices": [0, 0, 1, 1]}]  # one prompt, 2 samples, each doubled
+    assert out["train_data"]["sample_indices"] == [0, 0, 1, 1]
+    assert out["metrics"]["rollout/my_metric"] == 7.0
+    assert "rollout/aborted_groups" not in out["metrics"]  # the built-in rollout did not run
+    assert len(out["train_data"]["raw_reward"]) == 4 and all(r in (0.0, 1.0) for r in out["train_data"]["raw_reward"])
+    assert 0.0 <= out["metrics"]["rollout/zero_std_fraction"] <= 1.0  # one group of 4: its own std
+
+
+def test_a_rollout_function_with_the_wrong_number_of_samples_is_a_user_error(setup, seam_hooks):
+    from miles.errors import UserError
+
+    m = make(setup, rollout_function_path=f"{seam_hooks}:too_few")
+    with pytest.raises(UserError, match=r"--rollout-function-path made 1 samples for rollout 0; .* = 4") as e:
+        m.generate(0)
+    assert e.value.option == "--rollout-function-path"

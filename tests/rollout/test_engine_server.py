@@ -18,7 +18,7 @@ from miles.rollout.engine.base import GenerateRequest, SamplingParams, weights_c
 from miles.rollout.engine.builtin import BuiltinEngine
 from miles.rollout.engine.http_client import HttpEngine
 from miles.rollout.engine.server import EngineServer
-from miles.rollout.engine.weight_transport import BroadcastSender, DiskSender
+from miles.rollout.engine.weight_transport import BroadcastTargets, DiskTargets, engines_of
 
 torch.set_num_threads(1)
 
@@ -113,15 +113,15 @@ def test_weight_transports_leave_every_engine_bit_identical(hf_dir, servers, tmp
         c.pause_generation()
         c.begin_weight_update()
     if mode == "broadcast":
-        sender = BroadcastSender(urls)
-        sender.connect()
+        sender = BroadcastTargets(engines_of(urls)).open_sender()
     else:
-        sender = DiskSender(urls, tmp_path / "sync", hf_dir)
+        sender = DiskTargets(engines_of(urls), directory=str(tmp_path / "sync"), hf_checkpoint=hf_dir).open_sender()
     buckets = [named[:5], named[5:12], named[12:]]
+    sender.begin(9)
     for bucket in buckets:
-        sender.send_bucket(bucket, weight_version=9)
+        sender.send_bucket(bucket, 9)
+    sender.finish(9)
     if mode == "disk":
-        sender.finish(9)
         assert sorted(p.name for p in (tmp_path / "sync").glob("*.safetensors")) == [f"model-0000{i}.safetensors" for i in (1, 2, 3)]
     for c in clients:
         c.end_weight_update(9)
@@ -158,11 +158,11 @@ def test_two_servers_behind_the_real_router(hf_dir, servers, tmp_path):
 
 
 def test_broadcast_group_address_is_loopback_only_when_every_engine_is_local(monkeypatch):
-    """Engines on another node cannot reach 127.0.0.1: the rendezvous address is then this node's."""
-    import ray
-
+    """Engines on another node cannot reach 127.0.0.1: the rendezvous address is then this node's on the
+    route to them."""
+    from miles.rollout.engine import weight_transport
     from miles.rollout.engine.weight_transport import group_master_address
 
-    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
+    monkeypatch.setattr(weight_transport, "address_toward", lambda host: "10.1.2.3")
     assert group_master_address(["http://127.0.0.1:31001", "http://localhost:31002"]) == "127.0.0.1"
     assert group_master_address(["http://127.0.0.1:31001", "http://10.1.2.4:31002"]) == "10.1.2.3"

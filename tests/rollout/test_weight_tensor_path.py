@@ -28,7 +28,7 @@ from miles.rollout.engine import weight_transport
 from miles.rollout.engine.base import GenerateRequest, SamplingParams, weights_checksum
 from miles.rollout.engine.http_client import EngineHTTPError, HttpEngine
 from miles.rollout.engine.tensor_ipc import ALLOWED_GLOBALS, deserialize_payload, flatten_bucket, serialize_bucket
-from miles.rollout.engine.weight_transport import TensorSender
+from miles.rollout.engine.weight_transport import TensorTargets, engines_of
 
 torch.set_num_threads(1)
 
@@ -171,11 +171,11 @@ def test_tensor_updates_leave_the_server_bit_identical_to_the_trainer_export(hf_
     monkeypatch.setattr(weight_transport, "_post", lambda url, path, body, *a: (bodies.append((path, body)), post(url, path, body, *a))[1])
     client.pause_generation()
     client.begin_weight_update()
-    sender = TensorSender([server_url])
+    sender = TensorTargets(engines_of([server_url])).open_sender()
     buckets = [named[:4], named[4:9], named[9:]]
     for bucket in buckets:
-        sender.send_bucket(bucket, weight_version=7)
-    sender.finish()
+        sender.send_bucket(bucket, 7)
+    sender.finish(7)
     client.end_weight_update(7)
     client.continue_generation()
     assert client.get_weights_checksum() == want  # every bucket arrived, bit for bit
@@ -192,8 +192,8 @@ def test_tensor_updates_leave_the_server_bit_identical_to_the_trainer_export(hf_
     client.pause_generation()
     client.begin_weight_update()
     for bucket in sorted([again[:4], again[4:9], again[9:]], key=lambda b: -sum(t.numel() for _, t in b)):
-        sender.send_bucket(bucket, weight_version=8)
-    sender.finish()
+        sender.send_bucket(bucket, 8)
+    sender.finish(8)
     client.end_weight_update(8)
     client.continue_generation()
     assert sender._buffer is buffer
@@ -233,12 +233,11 @@ class _Shell2:
 
 
 def test_engines_on_another_host_are_refused_by_name(monkeypatch):
-    import ray
-
-    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
-    TensorSender(["http://127.0.0.1:31001", "http://10.1.2.3:31002"]).close()  # this node's address is local
+    # This host's address toward 10.1.2.3 is 10.1.2.3 itself (one of its own); toward 10.1.2.4 it is not.
+    monkeypatch.setattr(weight_transport, "address_toward", lambda host: "10.1.2.3")
+    TensorTargets(engines_of(["http://127.0.0.1:31001", "http://10.1.2.3:31002"])).open_sender().close()
     with pytest.raises(RuntimeError, match=r"engine http://10\.1\.2\.4:31002 is on another one; use --update-weight-transfer-mode broadcast"):
-        TensorSender(["http://127.0.0.1:31001", "http://10.1.2.4:31002"])
+        TensorTargets(engines_of(["http://127.0.0.1:31001", "http://10.1.2.4:31002"])).open_sender()
 
 
 BASE = {"hf_checkpoint": "/m", "prompt_data": "p.jsonl", "rollout_batch_size": 8, "global_batch_size": 8, "num_rollout": 1,

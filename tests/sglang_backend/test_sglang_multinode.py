@@ -99,9 +99,9 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
     """GPUs: 2 engines of 16 GPUs on nodes of 8. Node r of engine e runs on bundle e*16 + 8r and sees
     the GPU ids of bundles e*16 + 8r ... + 7 (what Ray reported for them), node 0 likewise."""
     import miles.rollout.engine.fleet as fleet_module
-    import miles.rollout.sglang.server_actor as server_actor
+    import miles.ray.sglang_server_actor as server_actor
     from miles.ray.placement import engine_actor_options as _engine_actor_options
-    from miles.rollout.engine.factory import make_engine
+    from miles.ray.engine_factory import make_engine
 
     cfg = _config(
         "/models/m", tmp_path, actor_num_gpus_per_node=8, rollout_num_gpus=32, rollout_num_gpus_per_engine=16, device="cuda",
@@ -113,9 +113,9 @@ def test_each_node_of_an_engine_gets_its_bundle_and_its_own_gpus(tmp_path, monke
     assert [b["bundle"] for b in options[1]["gpu_bundles"]] == list(range(16, 32))
     monkeypatch.setattr(server_actor, "gpu_ids_of_bundles", lambda bundles: [f"g{b['bundle']}" for b in bundles])
     made = {}
-    monkeypatch.setattr(fleet_module, "EngineFleet", lambda *a, **k: made.update(k))
+    monkeypatch.setattr(fleet_module, "EngineFleet", lambda launcher, **k: made.update(k, launcher=launcher))
     make_engine(cfg, device="cuda", actor_options=options, log_dir=tmp_path)
-    cls, _, kwargs = made["make_actor"](1, 7)
+    cls, _, kwargs = made["launcher"].make_actor(1, 7)
     assert cls is server_actor.SGLangServerActor
     assert kwargs["gpu_ids"] == [f"g{b}" for b in range(16, 24)]
     assert kwargs["nodes"] == [{"actor_options": {"num_cpus": 0.5, "num_gpus": 1.0, "bundle": 24}, "gpu_ids": [f"g{b}" for b in range(24, 32)]}]
@@ -126,7 +126,7 @@ def test_an_engine_on_two_nodes_starts_serves_restarts_and_stops_as_one(cluster,
     import ray
 
     from miles.ray.placement import engine_actor_options as _engine_actor_options
-    from miles.rollout.engine.factory import make_engine
+    from miles.ray.engine_factory import make_engine
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)
     record = tmp_path / "record"
@@ -182,7 +182,7 @@ def test_a_node_that_exits_at_start_fails_the_engine_naming_that_node(cluster, t
     import ray
 
     from miles.ray.placement import engine_actor_options as _engine_actor_options
-    from miles.rollout.sglang.server_actor import SGLangServerActor
+    from miles.ray.sglang_server_actor import SGLangServerActor
 
     model = create_tiny_qwen3(tmp_path / "model", seed=0)
     record = tmp_path / "record"

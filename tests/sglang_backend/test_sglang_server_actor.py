@@ -26,7 +26,7 @@ from miles.rollout.engine.base import GenerateRequest, SamplingParams
 from miles.rollout.engine.fleet import EngineFleet
 from miles.rollout.sglang.launch import EngineSlot, server_argv
 from miles.rollout.sglang.preflight import check_can_launch
-from miles.rollout.sglang.server_actor import SGLangServerActor
+from miles.ray.sglang_server_actor import SGLangServerActor
 
 BUILTIN = f"{sys.executable} -m miles.rollout.engine.server"
 
@@ -93,7 +93,7 @@ def test_built_in_server_takes_the_sglang_argv_and_refuses_flags_it_cannot_honou
     assert (args.model, args.host, args.port, args.seed, args.tp_size) == (str(model), "127.0.0.1", 0, 42, 1)
     for extra, message in [
         (["--mem-fraction-static", "0.5"], "--mem-fraction-static is an SGLang server flag the built-in engine server does not implement; drop the matching --sglang-mem-fraction-static"),
-        (["--tp-size", "2"], "--tp-size 2: the built-in engine server does not shard a model"),
+        (["--tp-size", "0"], "--tp-size 0: an engine has at least one TP rank"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as e:
             parse_args(argv + extra)

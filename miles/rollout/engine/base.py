@@ -34,8 +34,9 @@ This module holds only the types and helpers; it imports no torch at module impo
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ContextManager, Literal
 
 # The weight-bucket helpers live below every layer (trainers use them too); re-exported here for engines.
 from miles.utils.weights import iter_weight_buckets, tensor_nbytes, weights_checksum  # noqa: F401
@@ -224,7 +225,31 @@ class RolloutEngine(abc.ABC):
     """What the rollout manager needs from an engine, in-process or a server (`http_client.HttpEngine`),
     or a fleet of servers behind a router (`fleet.EngineFleet`). Generation is per request and
     asynchronous: `submit` returns a `concurrent.futures.Future` that resolves when that request
-    finishes; `abort_request` ends the chosen ones early (their futures resolve with finish "abort")."""
+    finishes; `abort_request` ends the chosen ones early (their futures resolve with finish "abort").
+
+    Optional capabilities are declared here with the answer of an engine that lacks them (no
+    tokenizer, nothing to batch, nothing to recover, nothing to stop), so callers use them without
+    asking which engine they got: `tokenizer`, `submitting_together`, `recover`, `shutdown`."""
+
+    tokenizer: Any = None
+    """The engine's Hugging Face tokenizer when it holds one in this process (the built-in engine);
+    None for servers, whose callers load their own from --hf-checkpoint."""
+
+    def submitting_together(self) -> ContextManager[Any]:
+        """`with engine.submitting_together(): submit(...) ...`: requests submitted inside reach the
+        engine's scheduler as one batch rather than a few at a time as it wakes up between them.
+        Engines without a scheduler in this process (servers behind a router) need nothing."""
+        return contextlib.nullcontext()
+
+    def recover(self) -> bool:
+        """After a failed weight update: recover the engines (restart dead ones with fault tolerance,
+        close the update session of the others) and return True when the update may run again.
+        Raises `RunStopped` naming a dead engine that cannot come back. False: nothing to recover
+        (an in-process engine fails with its caller)."""
+        return False
+
+    def shutdown(self) -> None:
+        """Stop what the engine started (servers, router); nothing for an in-process engine."""
 
     @abc.abstractmethod
     def submit(self, request: GenerateRequest) -> "Future[GenerateResponse]":
@@ -265,12 +290,12 @@ class RolloutEngine(abc.ABC):
         """Drop any cached KV / prefix state (stale after a weight update)."""
 
     @abc.abstractmethod
-    def release_memory_occupation(self) -> None:
-        """Free device memory (weights, KV) while a colocated trainer runs."""
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free device memory while a colocated trainer runs: the `tags` of MEMORY_TAGS (None: all)."""
 
     @abc.abstractmethod
-    def resume_memory_occupation(self) -> None:
-        """Take the device memory back; weights are pushed again before generating."""
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Take the device memory of `tags` back (None: all); weights are pushed again before generating."""
 
     @abc.abstractmethod
     def health(self) -> dict[str, Any]:
@@ -279,3 +304,17 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def get_weights_checksum(self) -> str:
         """`weights_checksum` of the engine's parameters in HF naming (for `--check-weight-update-equal`)."""
+
+
+# SGLang's memory tags (`sglang/srt/constants.py`): what `release/resume_memory_occupation` act on.
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def memory_tags(tags: list[str] | None) -> list[str]:
+    """The tags a release/resume acts on (None or empty: all), checked against MEMORY_TAGS."""
+    if not tags:
+        return list(MEMORY_TAGS)
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ValueError(f"unknown memory tag {unknown[0]!r} (one of {', '.join(MEMORY_TAGS)})")
+    return list(tags)

@@ -65,6 +65,7 @@ from miles.rollout.engine.base import (
     GenerateResponse,
     RolloutEngine,
     SamplingParams,
+    memory_tags,
     weights_checksum,
 )
 from miles.rollout.engine.decoder import Decoder, unsupported_reason
@@ -641,16 +642,17 @@ class BuiltinEngine(RolloutEngine):
         """No-op: KV entries live only while their request runs, and updates wait for an idle engine
         (the fast path keeps its cache buffer between batches, never its entries)."""
 
-    def release_memory_occupation(self) -> None:
-        """--offload-rollout: weights to host memory (no-op on CPU, where they already are)."""
-        if self.device.type != "cpu":
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """--offload-rollout: with the "weights" tag, weights to host memory (no-op on CPU, where they
+        already are); KV entries live only while their request runs and there are no CUDA graphs."""
+        if "weights" in memory_tags(tags) and self.device.type != "cpu":
             with self._model_lock:
                 self._slots = None
                 self.model.to("cpu")
                 torch.cuda.empty_cache()
 
-    def resume_memory_occupation(self) -> None:
-        if self.device.type != "cpu":
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        if "weights" in memory_tags(tags) and self.device.type != "cpu":
             with self._model_lock:
                 self.model.to(self.device)
 

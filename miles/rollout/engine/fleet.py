@@ -1,8 +1,9 @@
 """`EngineFleet`: N engine servers (one Ray actor each) behind the real sglang-router.
 
 The servers are built-in engine servers (`EngineServerActor`, --rollout-backend builtin with
---rollout-num-gpus) or SGLang servers (`make_actor` = miles.rollout.sglang.server_actor, made by
-miles.rollout.engine.factory for --rollout-backend sglang); everything below is the same for both.
+--rollout-num-gpus) or SGLang servers (miles.ray.sglang_server_actor), started by an `EngineLauncher`
+(Ray actors: miles.ray.engine_launcher, chosen by miles.ray.engine_factory); everything below is the
+same for both, and nothing here imports Ray.
 
 The fleet is itself a `RolloutEngine`, so the rollout manager drives one engine or many the same way:
 `submit` sends `/generate` to the router; pause, abort, flush, memory and the weight-update session
@@ -11,7 +12,12 @@ fan out to every engine directly (the router forwards only `/generate`).
 Health and fault tolerance. A monitor thread calls every serving engine's `/health_generate` every
 `--rollout-health-check-interval` seconds (after `--rollout-health-check-first-wait`), with
 `--rollout-health-check-timeout`; it stands down during weight updates, when engines are paused on
-purpose. An engine that fails the probe (or whose process is gone):
+purpose, and while any engine memory is released (`release_memory_occupation` by tag; a probe would
+generate on freed memory), until every released tag is resumed. Before a release the fleet drains:
+it aborts every request and repeats the abort until every engine reports no running or waiting
+request (`/v1/loads`), because requests still on their way through the router arrive after the
+first abort, and SGLang refuses a release while it is not idle. An engine that fails the probe (or
+whose process is gone):
 
 - with `--use-fault-tolerance`: is removed from the router, killed, and restarted (a new actor in
   the same placement bundle, a new port). The new engine does not serve until it has the current
@@ -24,9 +30,9 @@ purpose. An engine that fails the probe (or whose process is gone):
   `router.py`): re-sending blind, it could pick the dead engine again and the count would be lost.
 - without it: the run stops with one sentence naming the engine (`RunStopped`), never a hang.
 
-    fleet = EngineFleet(hf_dir, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
+    fleet = EngineFleet(launcher, num_engines=2, policy="round_robin", ft=FaultToleranceConfig())
     fleet.submit(GenerateRequest([1, 2, 3])).result()
-    fleet.weight_targets()   # engine URLs the trainer's source rank pushes weights to
+    fleet.weight_targets()   # (index, URL) of the engines the trainer pushes weights to
 
 `max_in_flight` (--sglang-server-concurrency × engines for SGLang) caps the requests sent at once;
 the rest wait in the fleet, in submission order.
@@ -34,9 +40,9 @@ the rest wait in the fleet, in submission order.
 
 from __future__ import annotations
 
+import abc
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
 import threading
@@ -56,10 +62,15 @@ REQUEUE_DELAY_S = 0.5
 REQUEUE_DEADLINE_S = 600.0
 # How long the probe of the engines after a failed request waits for each engine's /health.
 PROBE_TIMEOUT_S = 10.0
+# Before a memory release: abort, then look at the engines' load again after this pause, until idle
+# or the deadline.
+DRAIN_POLL_S = 0.5
+DRAIN_TIMEOUT_S = 120.0
 
 
 class EngineServerActor:
-    """Hosted by a Ray actor: one `BuiltinEngine` served over HTTP on 127.0.0.1 (a free port)."""
+    """One `BuiltinEngine` served over HTTP on 127.0.0.1 (a free port), in the process hosting it (a Ray
+    actor, by miles.ray.engine_launcher)."""
 
     def __init__(self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, threads: int = 1, dtype: str = "float32"):
         import torch
@@ -94,45 +105,58 @@ class _Slot:
         return f"rollout engine {self.index} ({self.url}, pid {self.pid})"
 
 
+class EngineLauncher(abc.ABC):
+    """Starts and stops the fleet's engine server processes; the fleet never asks how (Ray actors in
+    placement bundles: miles.ray.engine_launcher; anything else that serves the same HTTP API)."""
+
+    @abc.abstractmethod
+    def spawn(self, index: int, seed: int) -> Any:
+        """Start engine `index` (again, after a death) with `seed`; returns its handle without waiting."""
+
+    @abc.abstractmethod
+    def started(self, handle: Any, timeout_s: float) -> tuple[str, int]:
+        """(URL, pid) of a spawned engine once it serves; TimeoutError after `timeout_s`."""
+
+    @abc.abstractmethod
+    def kill(self, handle: Any, timeout_s: float = 30.0) -> None:
+        """Stop the engine's server (its whole process group), then whatever hosted it."""
+
+    def kill_all(self, handles: list[Any], timeout_s: float = 30.0) -> None:
+        for h in handles:
+            self.kill(h, timeout_s)
+
+
 class EngineFleet(RolloutEngine):
     def __init__(
         self,
-        hf_dir: str,
+        launcher: EngineLauncher,
         *,
         num_engines: int,
         policy: str,
         ft,
-        max_batch_size: int = 256,
         seed: int = 0,
-        device: str = "cpu",
-        dtype: str = "float32",
-        actor_options: list[dict[str, Any]] | None = None,
         log_dir: str | Path | None = None,
-        make_actor=None,
         router_argv_for=None,
         max_in_flight: int | None = None,
     ):
-        """`make_actor(index, seed) -> (actor class, kwargs)` builds engine `index`'s actor (default: a
-        built-in `EngineServerActor`); `router_argv_for(port, prometheus_port, worker_urls)` the router's argv
-        (default: `Router.launch`'s own)."""
+        """`launcher` starts engine `index`'s server; `router_argv_for(port, prometheus_port, worker_urls)`
+        gives the router's argv (default: `Router.launch`'s own)."""
         from miles.rollout.engine.router import Router
 
-        self.hf_dir, self.num_engines = hf_dir, num_engines
+        self.launcher, self.num_engines = launcher, num_engines
         self.ft = ft
         self.fault_tolerant = bool(ft.use_fault_tolerance)
-        self._engine_args = dict(max_batch_size=max_batch_size, device=device, dtype=dtype)
         self._seed = seed
-        self._make_actor = make_actor
         self._max_in_flight = max_in_flight
         self._in_flight = 0
         self._waiting: collections.deque = collections.deque()
-        self._actor_options = actor_options or [{} for _ in range(num_engines)]
         self.slots = [_Slot(i) for i in range(num_engines)]
         self.restarts = 0
         self.requeued = 0
         self.fatal: str | None = None
         self._lock = threading.RLock()
         self._updating = False
+        self.released: set[str] = set()  # memory tags released on every engine; the monitor waits while any is
         self._restarting: dict[int, threading.Thread] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * num_engines))
         self._pending: set[Future] = set()
@@ -157,26 +181,15 @@ class EngineFleet(RolloutEngine):
 
     # ------------------------------------------------------------------ engines
     def _spawn(self, slot: _Slot):
-        import ray
-
         # Each engine (and each restart) gets its own seed, as upstream gives SGLang seed + rank.
-        seed = self._seed + 1000 * self.restarts + slot.index
-        if self._make_actor is None:
-            actor_cls, args, kwargs = EngineServerActor, (self.hf_dir,), dict(seed=seed, **self._engine_args)
-        else:
-            actor_cls, args, kwargs = self._make_actor(slot.index, seed)
-        cls = ray.remote(**{"num_cpus": 1, **self._actor_options[slot.index], "max_restarts": 0})(actor_cls)
-        slot.actor = cls.remote(*args, **kwargs)
+        slot.actor = self.launcher.spawn(slot.index, self._seed + 1000 * self.restarts + slot.index)
         slot.state = "starting"
-        return slot.actor.url.remote()
+        return slot.actor
 
-    def _await_spawn(self, slot: _Slot, ref) -> None:
-        import ray
-
+    def _await_spawn(self, slot: _Slot, handle) -> None:
         try:
-            slot.url = ray.get(ref, timeout=ENGINE_START_TIMEOUT_S)
-            slot.pid = ray.get(slot.actor.pid.remote(), timeout=60)
-        except ray.exceptions.GetTimeoutError:
+            slot.url, slot.pid = self.launcher.started(handle, ENGINE_START_TIMEOUT_S)
+        except TimeoutError:
             raise TimeoutError(f"timed out after {ENGINE_START_TIMEOUT_S:.0f} s waiting for rollout engine {slot.index} to start") from None
         slot.client = HttpEngine(slot.url)
 
@@ -195,8 +208,6 @@ class EngineFleet(RolloutEngine):
         return [s for s in self.slots if s.state == "serving"]
 
     def _engine_failed(self, slot: _Slot, why: str) -> None:
-        import ray
-
         with self._lock:
             if slot.state != "serving":
                 return
@@ -238,36 +249,30 @@ class EngineFleet(RolloutEngine):
         self._restarting[slot.index] = t
         t.start()
 
-    @staticmethod
-    def _kill(slot: _Slot, timeout_s: float = 30.0) -> None:
-        """Stop the engine's server (its whole process group for SGLang), then the actor."""
-        import ray
-
-        try:
-            ray.get(slot.actor.stop.remote(), timeout=timeout_s)
-        except Exception:  # noqa: BLE001 - a dead or hung actor: ray.kill below, and the server dies with it
-            pass
-        try:
-            ray.kill(slot.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    def _kill(self, slot: _Slot, timeout_s: float = 30.0) -> None:
+        """Stop the engine's server (its whole process group for SGLang), then its host."""
+        self.launcher.kill(slot.actor, timeout_s)
 
     def _monitor_loop(self) -> None:
         ft = self.ft
         if self._stop.wait(ft.rollout_health_check_first_wait):
             return
         while not self._stop.wait(ft.rollout_health_check_interval):
-            if self._updating:
-                continue  # engines are paused on purpose; /health_generate cannot answer then
+            if self._standing_down():
+                continue
             for slot in self._serving():
-                if self._updating or self._stop.is_set():
+                if self._standing_down() or self._stop.is_set():
                     break
                 try:
                     slot.client.health_generate(timeout=ft.rollout_health_check_timeout)
                 except Exception as e:  # noqa: BLE001
-                    if self._updating:
+                    if self._standing_down():
                         break
                     self._engine_failed(slot, str(e))
+
+    def _standing_down(self) -> bool:
+        """Paused on purpose (a weight update) or memory released: /health_generate must not run then."""
+        return self._updating or bool(self.released)
 
     # ------------------------------------------------------------------ generation
     def _acquire(self, request: GenerateRequest, start) -> None:
@@ -393,11 +398,50 @@ class EngineFleet(RolloutEngine):
     def flush_cache(self) -> None:
         self._each("flush_cache")
 
-    def release_memory_occupation(self) -> None:
-        self._each("release_memory_occupation")
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Abort every request, again and again, until every serving engine reports no load."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.abort_request(abort_all=True)
+            loads = {}
+            for slot in self._serving():
+                try:
+                    loads[slot.url] = slot.client.load(timeout=PROBE_TIMEOUT_S)
+                except EngineHTTPError as e:
+                    self._engine_failed(slot, str(e))
+            if self.fatal:
+                raise RunStopped(self.fatal)
+            busy = {u: n for u, n in loads.items() if n}
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"timed out after {timeout_s:.0f} s waiting for the rollout engines to finish their requests before "
+                    f"releasing memory (still running or waiting: {busy})"
+                )
+            time.sleep(DRAIN_POLL_S)
 
-    def resume_memory_occupation(self) -> None:
-        self._each("resume_memory_occupation")
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Drain, then release `tags` (None: all) on every engine; the monitor stands down until resumed."""
+        from miles.rollout.engine.base import memory_tags
+
+        tags = [t for t in memory_tags(tags) if t not in self.released]
+        if not tags:
+            return
+        self.drain()
+        self.released.update(tags)  # before the call: a probe must not reach an engine mid-release
+        self._each("release_memory_occupation", tags)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Resume the released ones of `tags` (None: all; SGLang fails on a tag not released); the monitor
+        probes again once nothing is released."""
+        from miles.rollout.engine.base import memory_tags
+
+        tags = [t for t in memory_tags(tags) if t in self.released]
+        if not tags:
+            return
+        self._each("resume_memory_occupation", tags)
+        self.released.difference_update(tags)
 
     # ------------------------------------------------------------------ weights
     def _in_session(self) -> list[_Slot]:
@@ -405,10 +449,10 @@ class EngineFleet(RolloutEngine):
         restarted meanwhile has a new URL and is not one of them."""
         return [s for s, url in self._session if s.url == url and s.state in ("serving", "new")]
 
-    def weight_targets(self) -> list[str]:
-        """URLs of the engines the update in progress goes to: the serving ones and the restarted ones
-        (state "new") that were ready when it began."""
-        return [s.url for s in self._in_session()]
+    def weight_targets(self) -> list[tuple[int, str]]:
+        """(index, URL) of the engines the update in progress goes to: the serving ones and the
+        restarted ones (state "new") that were ready when it began. The index places the engine's GPUs."""
+        return [(s.index, s.url) for s in self._in_session()]
 
     def begin_weight_update(self) -> None:
         """Upstream's order: (restarted engines ready) → pause → flush → begin, on every engine.
@@ -439,9 +483,9 @@ class EngineFleet(RolloutEngine):
                 self._write_state()
         self._updating = False
 
-    def recover(self) -> None:
+    def recover(self) -> bool:
         """After a failed weight update: find dead engines (stop, or restart them with fault tolerance)
-        and close the update session the survivors are still in, so the update can be run again."""
+        and close the update session the survivors are still in, so the update can be run again (True)."""
         for slot in [s for s in self.slots if s.state in ("serving", "new")]:
             try:
                 slot.client.call("/health", method="GET", timeout=self.ft.rollout_health_check_timeout)
@@ -462,6 +506,7 @@ class EngineFleet(RolloutEngine):
         self._updating = False
         if self.fatal:
             raise RunStopped(self.fatal)
+        return True
 
     def health(self) -> dict[str, Any]:
         return {
@@ -481,20 +526,6 @@ class EngineFleet(RolloutEngine):
         return sums.pop()
 
     def shutdown(self) -> None:
-        import ray
-
         self._stop.set()
         self.router.stop()
-        stops = {}
-        for s in self.slots:
-            try:
-                stops[s.index] = s.actor.stop.remote()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        with contextlib.suppress(Exception):
-            ray.wait(list(stops.values()), num_returns=len(stops), timeout=30)
-        for s in self.slots:
-            try:
-                ray.kill(s.actor, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        self.launcher.kill_all([s.actor for s in self.slots if s.actor is not None])

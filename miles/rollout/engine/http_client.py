@@ -127,11 +127,17 @@ class HttpEngine(RolloutEngine):
         self.call("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
         self.call("/end_weight_update", {})
 
-    def release_memory_occupation(self) -> None:
-        self.call("/release_memory_occupation", {})
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.call("/release_memory_occupation", {} if tags is None else {"tags": list(tags)})
 
-    def resume_memory_occupation(self) -> None:
-        self.call("/resume_memory_occupation", {})
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.call("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
+
+    def load(self, timeout: float | None = None) -> int:
+        """Requests running or waiting inside the engine, summed over its DP ranks (SGLang's `/v1/loads`)."""
+        data = self.call("/v1/loads?include=core", method="GET", timeout=timeout)
+        loads = data.get("loads", []) if isinstance(data, dict) else []
+        return sum(int(d.get("num_running_reqs", 0)) + int(d.get("num_waiting_reqs", 0)) for d in loads)
 
     def health(self) -> dict[str, Any]:
         info = self.call("/model_info", method="GET")

@@ -21,7 +21,8 @@ Routes (bodies and answers shaped like SGLang 0.5.23's, see shared/reference/sca
     POST /update_weights_from_tensor     {"serialized_named_tensors": [payload], "load_format": null}:
                                          handles to tensors in the sender's memory (shared memory on a
                                          CPU, CUDA IPC on a GPU), read by an allow-list unpickler
-    POST /release_memory_occupation, /resume_memory_occupation
+    POST /release_memory_occupation, /resume_memory_occupation   {"tags": [weights|kv_cache|cuda_graph] | null}:
+                                         refused unless idle (release) or released (resume), as SGLang
     POST /weights_checker                {"action": "checksum"} -> {"checksum": sha256 of the weights}
 
 `/update_weights_from_tensor` takes SGLang's colocated payload (miles.rollout.engine.tensor_ipc): it
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -57,6 +59,8 @@ from miles.rollout.engine.base import GenerateRequest, GenerateResponse, Samplin
 from miles.rollout.engine.builtin import BuiltinEngine
 from miles.rollout.engine.weight_transport import WeightReceiver
 
+# Control calls kept for /server_info (the latest ones).
+CONTROL_LOG_LEN = 1000
 # How long /health_generate waits for its 1-token generation (SGLang: SGLANG_HEALTH_CHECK_TIMEOUT).
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
@@ -101,10 +105,15 @@ def _requests_from_body(body: dict[str, Any]) -> tuple[list[GenerateRequest], bo
 class EngineServer:
     """Serves one `BuiltinEngine` on host:port from a background thread (its own asyncio loop)."""
 
-    def __init__(self, engine: BuiltinEngine, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine: BuiltinEngine, *, host: str = "127.0.0.1", port: int = 0, tp_size: int = 1):
         self.engine = engine
         self.host, self.port = host, port
-        self.receiver = WeightReceiver(engine)
+        self.tp_size = tp_size
+        self.receiver = WeightReceiver(engine, tp_size=tp_size)
+        self.released: set[str] = set()  # memory tags released, as SGLang tracks them
+        # Control calls and health probes in arrival order ("/path" or "/path tag,tag"), shown by
+        # /server_info: the order a weight sync and a colocated offload reach the engine.
+        self.control_log: collections.deque[str] = collections.deque(maxlen=CONTROL_LOG_LEN)
         self._pending_version: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -181,7 +190,7 @@ class EngineServer:
             "/resume_memory_occupation": self._resume,
             "/weights_checker": self._checker,
         }.items():
-            r.add_post(path, fn)
+            r.add_post(path, self._logged(path, fn))
         r.add_route("*", "/flush_cache", self._flush)
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, self._model_info)
@@ -189,6 +198,14 @@ class EngineServer:
             r.add_get(path, self._server_info)
         r.add_get("/v1/loads", self._loads)
         return app
+
+    def _logged(self, path: str, fn):
+        async def handler(request):
+            if path not in ("/release_memory_occupation", "/resume_memory_occupation"):  # those log their tags
+                self.control_log.append(path)
+            return await fn(request)
+
+        return handler
 
     async def _body(self, request) -> dict[str, Any]:
         raw = await request.read()
@@ -222,6 +239,7 @@ class EngineServer:
         return self._json({"status": "ok" if ok else "unhealthy"}, 200 if ok else 503)
 
     async def _health_generate(self, request):
+        self.control_log.append("/health_generate")
         if self.engine._paused or self.engine._updating:
             return self._fail("paused", 503)
         req = GenerateRequest([0], SamplingParams(temperature=0, max_new_tokens=1), rid=f"HEALTH_CHECK_{time.time_ns()}")
@@ -300,11 +318,32 @@ class EngineServer:
         return await self._call_update(self.receiver.update_from_tensor, await self._body(request))
 
     async def _release(self, request):
-        await self._blocking(self.engine.release_memory_occupation)
+        from miles.rollout.engine.base import memory_tags
+
+        try:
+            tags = memory_tags((await self._body(request)).get("tags"))
+        except ValueError as e:
+            return self._fail(str(e))
+        self.control_log.append(f"/release_memory_occupation {','.join(tags)}")
+        h = self.engine.health()
+        if h["running"] or (h["waiting"] and not h["paused"]):  # SGLang asserts the same
+            return self._fail("release_memory_occupation should be called only when server is idle.")
+        await self._blocking(self.engine.release_memory_occupation, tags)
+        self.released.update(tags)
         return self._json(None)
 
     async def _resume(self, request):
-        await self._blocking(self.engine.resume_memory_occupation)
+        from miles.rollout.engine.base import memory_tags
+
+        try:
+            tags = memory_tags((await self._body(request)).get("tags"))
+        except ValueError as e:
+            return self._fail(str(e))
+        self.control_log.append(f"/resume_memory_occupation {','.join(tags)}")
+        if not set(tags) <= self.released:  # SGLang's scheduler raises KeyError (and dies) here
+            return self._fail(f"memory tag {sorted(set(tags) - self.released)[0]!r} is not released")
+        await self._blocking(self.engine.resume_memory_occupation, tags)
+        self.released.difference_update(tags)
         return self._json(None)
 
     async def _checker(self, request):
@@ -330,7 +369,7 @@ class EngineServer:
                 "tokenizer_path": str(self.engine.hf_dir),
                 "host": self.host,
                 "port": self.port,
-                "tp_size": 1,
+                "tp_size": self.tp_size,
                 "dp_size": 1,
                 "max_running_requests": self.engine.max_batch_size,
                 "startup_time": self.started,
@@ -338,6 +377,8 @@ class EngineServer:
                 "internal_states": [self.engine.health()],
                 "generate_requests": self.generate_requests,
                 "pid": os.getpid(),
+                "released_memory": sorted(self.released),
+                "control_calls": list(self.control_log),
             }
         )
 
@@ -356,7 +397,7 @@ SGLANG_FLAGS_TAKEN = {
     "--random-seed": "the engine's seed (same as --seed)",
     "--max-running-requests": "the largest decode batch (same as --max-batch-size)",
     "--device": "cpu or cuda",
-    "--tp-size": "must be 1: the built-in engine does not shard a model",
+    "--tp-size": "simulated TP ranks: the model is not sharded, but the engine joins a weight broadcast group with this many ranks and takes one tensor payload per rank, checking every copy agrees",
     "--nccl-port": "accepted and unused: one process has no tensor-parallel group",
     "--skip-server-warmup": "accepted: this server never warms up",
     "--enable-memory-saver": "accepted: /release_memory_occupation and /resume_memory_occupation are always served",
@@ -388,8 +429,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"{name} is an SGLang server flag the built-in engine server does not implement; drop the matching "
             f"--sglang-{name[2:]} option, or point --sglang-server-command at a real SGLang server"
         )
-    if args.tp_size != 1:
-        ap.error(f"--tp-size {args.tp_size}: the built-in engine server does not shard a model; use --rollout-num-gpus-per-engine 1")
+    if args.tp_size < 1:
+        ap.error(f"--tp-size {args.tp_size}: an engine has at least one TP rank")
     return args
 
 
@@ -398,8 +439,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper())
     torch.set_num_threads(1)
     server = EngineServer(
-        BuiltinEngine(args.model, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed), host=args.host, port=args.port
-    )
+        BuiltinEngine(args.model, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed),
+        host=args.host, port=args.port, tp_size=args.tp_size,
+    )  # fmt: skip
     print(server.start(), flush=True)
 
     def summary_and_exit(signum, frame) -> None:

@@ -7,7 +7,8 @@
                                            sglang-router started from --sglang-router-command and the
                                            --sglang-router-* options; same client, same fleet
 
-Every result is a `RolloutEngine`, so the rollout manager never asks which one it got.
+Every result is a `RolloutEngine`, so the rollout manager never asks which one it got. Engine servers
+are Ray actors (`RayEngineLauncher`), which is why this lives in miles.ray: miles.rollout imports no Ray.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.config.engine import EngineConfig
+from miles.ray.engine_launcher import RayEngineLauncher
 from miles.rollout.engine.base import RolloutEngine
 
 
@@ -39,9 +41,7 @@ def make_engine(
         return BuiltinEngine(
             r.hf_checkpoint, device=device, dtype=r.rollout_dtype, max_batch_size=r.rollout_max_batch_size, seed=r.rollout_seed
         )
-    from miles.rollout.engine.fleet import EngineFleet
-
-    return EngineFleet(
+    return builtin_fleet(
         r.hf_checkpoint,
         num_engines=c.rollout_num_gpus // c.rollout_num_gpus_per_engine,
         policy=r.sglang_router_policy,
@@ -55,10 +55,34 @@ def make_engine(
     )
 
 
+def builtin_fleet(
+    hf_dir: str,
+    *,
+    num_engines: int,
+    policy: str,
+    ft,
+    max_batch_size: int = 256,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    actor_options: list[dict[str, Any]] | None = None,
+    log_dir: str | Path | None = None,
+):
+    """`num_engines` built-in engine servers (`EngineServerActor`, one Ray actor each) behind the router."""
+    from miles.rollout.engine.fleet import EngineFleet, EngineServerActor
+
+    def make_actor(index: int, seed: int):
+        return EngineServerActor, (hf_dir,), dict(seed=seed, max_batch_size=max_batch_size, device=device, dtype=dtype)
+
+    return EngineFleet(
+        RayEngineLauncher(make_actor, actor_options), num_engines=num_engines, policy=policy, ft=ft, seed=seed, log_dir=log_dir
+    )
+
+
 def _sglang_fleet(cfg: EngineConfig, *, actor_options: list[dict[str, Any]] | None, log_dir: str | Path | None) -> RolloutEngine:
+    from miles.ray.sglang_server_actor import SGLangServerActor, gpu_ids_of_bundles
     from miles.rollout.engine.fleet import EngineFleet
     from miles.rollout.sglang.launch import engine_layout, router_argv
-    from miles.rollout.sglang.server_actor import SGLangServerActor, gpu_ids_of_bundles
 
     layout = engine_layout(cfg)
     options = [dict(o) for o in (actor_options or [{} for _ in range(layout.num_engines)])]
@@ -80,14 +104,12 @@ def _sglang_fleet(cfg: EngineConfig, *, actor_options: list[dict[str, Any]] | No
         return SGLangServerActor, (cfg,), kwargs
 
     return EngineFleet(
-        cfg.rollout.hf_checkpoint,
+        RayEngineLauncher(make_actor, options),
         num_engines=layout.num_engines,
         policy=cfg.rollout.sglang_router_policy,
         ft=cfg.fault_tolerance,
         seed=cfg.rollout.rollout_seed,
-        actor_options=options,
         log_dir=log_dir,
-        make_actor=make_actor,
         router_argv_for=lambda port, prom, urls: router_argv(cfg, host="127.0.0.1", port=port, prometheus_port=prom, worker_urls=urls),
         max_in_flight=cfg.rollout.sglang_server_concurrency * layout.num_engines,
     )
