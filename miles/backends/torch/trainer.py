@@ -117,6 +117,10 @@ class TorchBackend(TrainerBackend):
 
             ensure_process_group(device)
         self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
+        if cfg.train.recompute_granularity == "full":
+            # Each decoder layer's activations are recomputed in backward (non-reentrant checkpoint:
+            # works under FSDP2 and DDP, and the recomputed forward runs the same kernels).
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.net = ResponseLogits(self.model)
         self.train_net: torch.nn.Module = self.net
