@@ -9,6 +9,17 @@ import torch
 from backend_fixtures import make_engine_cfg, make_train_data
 
 from miles.backends.torch import TorchBackend
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    """An in-process FSDP trainer creates a one-rank process group; other tests expect none."""
+    import torch.distributed as dist
+
+    had = dist.is_initialized()
+    yield
+    if dist.is_initialized() and not had:
+        dist.destroy_process_group()
 from miles.train.step import train_rollout
 
 
