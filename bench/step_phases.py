@@ -135,7 +135,7 @@ def real_loop(metrics: Path) -> dict[str, float]:
     merged: dict[int, dict] = {}
     for line in metrics.read_text().splitlines():
         if line.strip():
-            r = json.loads(line)  # a step logs in two records (after training, at the end of the step)
+            r = json.loads(line)  # files written before issue 28 log a step in two records
             merged.setdefault(r["step"], {}).update(r)
     rows = [r for r in merged.values() if "perf/step_time" in r and "perf/eval_time" not in r and r["step"] > 1]
     if not rows:

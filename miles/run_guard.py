@@ -17,6 +17,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
+from miles.hardware import check_hardware_present
 from miles.run_identity import check_run_dir, identity_of, write_run_record
 from miles.run_lock import RunLock, holder, in_use_error
 from miles.run_stop import stop_signals
@@ -39,7 +40,9 @@ def lock_dirs(inv: Any) -> list[Path]:
 
 
 def preflight(inv: Any, checkpoint: str | None = None) -> None:
-    """Every check that needs no lock and writes nothing: inputs, then (training) the run directory."""
+    """Every check that needs no lock and writes nothing: the hardware asked for, inputs, then
+    (training) the run directory."""
+    check_hardware_present(inv.options.hardware, ray_address=inv.config.cluster.ray_address)
     pending = pending_outputs(inv.plan) if inv.command == "full-train" else []
     check_inputs(inv.config, command=inv.command, checkpoint=checkpoint, pending=pending)
     if inv.command == "eval":

@@ -153,7 +153,10 @@ def write_run_record(run_dir: str | os.PathLike[str], run_id: str, ident: RunIde
             previous = json.loads(record.read_text())
         except (OSError, ValueError):
             previous = {}
-    data = {"run_id": run_id, "created": previous.get("created", time.time()), "identity": ident.as_json()}
+    identity = json.loads(json.dumps(ident.as_json(), default=str))
+    if previous.get("run_id") == run_id and previous.get("identity") == identity:
+        return  # the same run again: its record stays byte for byte what the first start wrote
+    data = {"run_id": run_id, "created": previous.get("created", time.time()), "identity": identity}
     tmp = record.with_name(record.name + f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     os.replace(tmp, record)

@@ -117,6 +117,7 @@ def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     from miles_cli.main import build_app
 
     from miles.errors import MissingInput
+    from miles.hardware import MissingHardware
     from miles_cli import errors
 
     errors.last_error = None
@@ -133,8 +134,8 @@ def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     finally:
         sys.argv = saved_argv
     output = result.output
-    if isinstance(errors.last_error, MissingInput):
-        # Configured correctly; only its input files are not on this machine (docs are checked anywhere).
+    if isinstance(errors.last_error, (MissingInput, MissingHardware)):
+        # Configured correctly; only its input files or GPUs are not on this machine (docs are checked anywhere).
         return 0, output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         output += f"\n{type(result.exception).__name__}: {result.exception}"

@@ -8,12 +8,14 @@ stops it like Ctrl-C, and either way the user is told what was kept and the comm
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from miles.errors import UserError
+from miles.hardware import check_hardware_present
 from miles.run_guard import guarded, preflight
 
 console = Console()
@@ -38,6 +40,8 @@ def check_can_run(cfg) -> None:
 def execute(inv, *, checkpoint: str | None = None):
     """Run a resolved invocation (miles_cli.api.Invocation); the training RunResult, or None for eval."""
     cfg = inv.config
+    # First: a GPU asked for and not there is the one sentence to read, whatever else this build lacks.
+    check_hardware_present(inv.options.hardware, ray_address=cfg.cluster.ray_address)
     if inv.command != "eval":
         from miles_cli.run_plan import check_can_train
 
@@ -63,6 +67,12 @@ def execute(inv, *, checkpoint: str | None = None):
 
                 run_prepare_steps(inv.plan.prepare)
                 guard.inputs_ready()
+            from miles.run_progress import completed_run
+
+            done = completed_run(cfg, inv.options.run_dir)
+            if done is not None:
+                # Nothing to train: start nothing and leave the run's record as what trained (issue 28).
+                return _print_completed(inv, done)
             from miles.ray.driver import run_training
             from miles_cli.output import write_options_file
 
@@ -82,12 +92,28 @@ def execute(inv, *, checkpoint: str | None = None):
     return result
 
 
+def _print_completed(inv, done):
+    from miles.ray.driver import RunResult
+
+    result = RunResult(Path(inv.options.run_dir), done.final_step, done.first_eval, done.last_eval, done.plot, done.last_rollout)
+    console.rule("[bold]Run already complete")
+    console.print(
+        f"The run finished at rollout {done.last_rollout} (--num-rollout {done.final_step}): nothing to train, so nothing "
+        "was started and its record (options.json, run.json, MLflow, metrics) is unchanged. Use another --run-id for a new run.",
+        highlight=False,
+    )
+    _print_outcome(result)
+    return result
+
+
 def print_result(result) -> None:
     console.rule("[bold]Run finished")
     if result.resumed_from is not None:
         console.print(f"Resumed from the checkpoint of rollout {result.resumed_from}.")
-        if result.resumed_from + 1 >= result.final_step:
-            console.print("The run was already complete: nothing to train. Use another --run-id for a new run.")
+    _print_outcome(result)
+
+
+def _print_outcome(result) -> None:
     from miles.tracking.console import eval_headline_keys
 
     for key in eval_headline_keys(result.last_eval):

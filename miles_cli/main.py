@@ -93,7 +93,20 @@ def _docs() -> Any:
     return typer_group("docs", docs_app)
 
 
-def _root() -> None:
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"miles {version('miles')}")
+        except PackageNotFoundError:  # a checkout on PYTHONPATH that was never installed
+            typer.echo("miles (not installed: run pip install -e . in the checkout)")
+        raise typer.Exit(0)
+
+
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version of miles and exit."),
+) -> None:
     pass  # the group itself does nothing; a callback lets Typer make a group of no registered commands
 
 

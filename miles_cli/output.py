@@ -47,12 +47,25 @@ def option_rows(inv, *, sglang_defaults: bool = True) -> list[tuple[str, str, st
 
 def print_options_table(inv) -> None:
     """Every recipe and engine option with its value and where the value came from (--dry-run)."""
+    rows = option_rows(inv, sglang_defaults=False)
+    widest = max(len(flag) for _, flag, _, _ in rows) + max(len(v) for _, _, v, _ in rows) + max(len(src) for *_, src in rows) + 10
+    if console.width < widest:
+        # Too narrow for the three columns: one option a line, so no value is cut mid-word
+        # (a table folded paths like runs/models/Qw│en3-4B at 80 columns).
+        console.print(f"[bold]miles {inv.command} — {inv.options.model_name}[/bold] (option value (source)):", highlight=False)
+        last_panel = None
+        for panel, flag, value, source in rows:
+            if panel != last_panel:
+                console.print(f"[bold]{escape(panel)}[/bold]", highlight=False)
+                last_panel = panel
+            console.print(f"  [cyan]{flag}[/cyan] {escape(value)}  [dim]({escape(source)})[/dim]", highlight=False, soft_wrap=True)
+        return
     table = Table(title=f"miles {inv.command} — {inv.options.model_name}", show_lines=False, expand=False)
     table.add_column("Option", style="cyan", no_wrap=True)
     table.add_column("Value", overflow="fold")
     table.add_column("Source", style="dim")
     last_panel = None
-    for panel, flag, value, source in option_rows(inv, sglang_defaults=False):
+    for panel, flag, value, source in rows:
         if panel != last_panel and last_panel is not None:
             table.add_section()
         last_panel = panel
@@ -67,7 +80,9 @@ def print_changed_options(inv) -> None:
     rows = [(flag, value, source) for _, flag, value, source in option_rows(inv) if flag in changed]
     for flag, value, source in rows:
         console.print(f"  {flag} {value}  [dim]({source})[/dim]", highlight=False)
-    console.print(f"[dim]Every option: {Path(inv.options.run_dir) / OPTIONS_FILE} (or rerun with --dry-run).[/dim]")
+    # Printed before the file exists (it is written once training starts, never by a failed start or
+    # a rerun that trains nothing), so it says when, not that it is there.
+    console.print(f"[dim]Every option: rerun with --dry-run; a run that trains records them in {Path(inv.options.run_dir) / OPTIONS_FILE}.[/dim]")
 
 
 def write_options_file(inv) -> Path:
@@ -108,13 +123,17 @@ def print_plan(inv) -> None:
             done = os.path.exists(step.sentinel)
             mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
             console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+    from miles.hardware import device_summary
+
     c, t = inv.config.cluster, inv.config.train
+    on_gpu = device_summary(c.device) == "cuda"
+    units = "GPUs" if on_gpu else "CPU worker process(es)"
     layout = f"--train-backend {t.train_backend}"
     if t.train_backend == "megatron":
         layout += (f": TP{t.tensor_model_parallel_size} PP{t.pipeline_model_parallel_size} CP{t.context_parallel_size} "
                    f"EP{t.expert_model_parallel_size} ETP{t.expert_tensor_parallel_size}")
     console.print(
-        f"[bold]Placement[/bold]: {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} GPUs for training ({layout})"
+        f"[bold]Placement[/bold] ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training ({layout})"
         + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
         highlight=False,
     )

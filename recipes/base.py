@@ -82,9 +82,10 @@ class RecipeOptions:
     )
     hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
         "auto",
-        help="Where the run trains and generates: cpu forces the CPU; auto or a GPU name uses a visible GPU, else the CPU.",
+        help="Where the run trains and generates: cpu forces the CPU; auto uses a visible GPU, else the CPU; a GPU "
+        "name trains on GPUs and exits 2 where none is visible.",
         engine="device",
-        to_engine=lambda hardware: "cpu" if hardware == "cpu" else "auto",
+        to_engine=lambda hardware: {"cpu": "cpu", "auto": "auto"}.get(hardware, "cuda"),
     )
     train_backend: Literal["torch", "fsdp", "megatron"] = option(
         "torch", help=TrainConfig.__dataclass_fields__["train_backend"].metadata["help"], engine="train_backend",

@@ -78,3 +78,28 @@ def masked_extreme(values: torch.Tensor, mask: torch.Tensor, *, largest: bool) -
     if picked.numel() == 0:
         return values.new_zeros(())
     return picked.max() if largest else picked.min()
+
+
+def explained_variance_terms(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """float64 [6] sums over the trained tokens: count, sum V, sum R, sum R^2, sum (R - V), sum (R - V)^2.
+
+    Sums (not means), so a data-parallel group adds its ranks' terms and gets the whole batch's
+    statistics (`explained_variance_from_terms`)."""
+    m = mask.to(torch.float64)
+    v, r = values.detach().to(torch.float64), returns.detach().to(torch.float64)
+    d = r - v
+    return torch.stack([m.sum(), (v * m).sum(), (r * m).sum(), (r * r * m).sum(), (d * m).sum(), (d * d * m).sum()])
+
+
+def explained_variance_from_terms(terms: torch.Tensor) -> dict[str, float]:
+    """`critic/value_mean` and `critic/explained_variance` = 1 - Var(R - V) / Var(R) (population
+    variances over the trained tokens); 1 is a perfect critic, 0 no better than the mean return,
+    negative worse. With no trained token both are 0; with constant returns (every reward equal)
+    the ratio is undefined and explained variance is reported as 0."""
+    n, sv, sr, srr, sd, sdd = (float(t) for t in terms)
+    if n == 0:
+        return {"critic/value_mean": 0.0, "critic/explained_variance": 0.0}
+    var_r = max(srr / n - (sr / n) ** 2, 0.0)
+    var_d = max(sdd / n - (sd / n) ** 2, 0.0)
+    explained = 0.0 if var_r < 1e-12 else 1.0 - var_d / var_r
+    return {"critic/value_mean": sv / n, "critic/explained_variance": explained}

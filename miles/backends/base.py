@@ -44,6 +44,8 @@ class PackedBatch:
     rollout_log_probs: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    """float32 [R]: the critic's values before this rollout's update (PPO's value clip is around them)."""
 
     @property
     def num_samples(self) -> int:
@@ -67,7 +69,9 @@ class PackedBatch:
 LossFn = Callable[[PackedBatch, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 """`loss_fn(batch, log_probs, entropy) -> loss`: the scalar loss of one micro-batch, already divided by the
 whole global batch's normaliser (so the gradients of all micro-batches add up to the global batch's).
-It runs once per micro-batch, on the ranks that see the model's output (megatron: the last PP stage)."""
+It runs once per micro-batch, on the ranks that see the model's output (megatron: the last PP stage).
+A critic backend (`role == "critic"`) passes its values [R] (with gradient) in place of the log-probs
+and None for the entropy."""
 
 
 class TrainerBackend(abc.ABC):
@@ -81,9 +85,14 @@ class TrainerBackend(abc.ABC):
     cfg: "EngineConfig"
     device: str
     is_weight_source: bool
-    """True on the one rank that sends weights to the rollout engines."""
+    """True on the one rank that sends weights to the rollout engines (never on a critic)."""
+    role: Literal["actor", "critic"] = "actor"
+    """"critic": PPO's value model (the policy's architecture with a scalar value head): `values()`
+    instead of `forward()`, and `forward_backward` gives the loss values instead of log-probs."""
 
-    def __init__(self, cfg: "EngineConfig", *, rank: int, world_size: int, device: str): ...
+    def __init__(
+        self, cfg: "EngineConfig", *, rank: int, world_size: int, device: str, role: Literal["actor", "critic"] = "actor"
+    ): ...
 
     # --- data parallelism --------------------------------------------------------------------------
     @property
@@ -126,12 +135,9 @@ class TrainerBackend(abc.ABC):
         return self.forward([batch], model=model, with_entropy=with_entropy)[0]
 
     def values(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
-        """Collective, no grad: a critic's value [R] of every response token, per micro-batch.
-
-        The seam for PPO's critic (`--advantage-estimator ppo`); no backend trains a critic yet."""
-        raise NotImplementedError(
-            f"{type(self).__name__} has no critic (value model) yet, so --advantage-estimator ppo cannot run"
-        )
+        """Collective, no grad: a critic's value [R] of every response token (read at the position
+        before it, like log-probs), per micro-batch; only on a backend built with role="critic"."""
+        raise NotImplementedError(f"this {type(self).__name__} is not a critic (role={self.role!r}); build one with role='critic'")
 
     # --- training ----------------------------------------------------------------------------------
     @abc.abstractmethod

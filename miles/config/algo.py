@@ -35,9 +35,6 @@ STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")
 MIS_FUNCTION_PATH = "miles.algo.rollout_correction.mis_function"
 
 
-_NO_CRITIC = "it is used only by --advantage-estimator ppo, which needs a critic the torch trainer does not train yet"
-
-
 @dataclass
 class AlgoConfig:
     """Options of the RL objective: how rewards become advantages and advantages become a loss."""
@@ -45,8 +42,8 @@ class AlgoConfig:
     advantage_estimator: AdvantageEstimator = option(
         "grpo",
         help="How rewards become per-token advantages: grpo and gspo (group-normalised reward), "
-        "reinforce_plus_plus (discounted return), reinforce_plus_plus_baseline (group-centred reward), ppo (GAE over a critic).",
-        unavailable={"ppo": "it needs a critic (a value model), which the torch trainer does not train yet"},
+        "reinforce_plus_plus (discounted return), reinforce_plus_plus_baseline (group-centred reward), "
+        "ppo (GAE over the values of a critic trained beside the policy; the --critic-* options).",
     )
     eps_clip: float = option(0.2, help="PPO clip range below 1: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: float | None = option(
@@ -59,8 +56,7 @@ class AlgoConfig:
     )
     value_clip: float = option(
         0.2,
-        help="PPO value loss: new values are clipped to old values ± value_clip.",
-        unsupported=_NO_CRITIC,
+        help="PPO value loss (the critic's): new values are clipped to old values ± value_clip; ppo only.",
     )
     kl_coef: float = option(
         0.0,
@@ -85,7 +81,7 @@ class AlgoConfig:
     )
     entropy_coef: float = option(0.0, help="Entropy bonus: the loss subtracts entropy_coef * mean token entropy.")
     gamma: float = option(1.0, help="Discount factor for reinforce_plus_plus returns and PPO GAE.")
-    lambd: float = option(1.0, help="GAE lambda for the ppo estimator.", unsupported=_NO_CRITIC)
+    lambd: float = option(1.0, help="GAE lambda for the ppo estimator; ppo only.")
     normalize_advantages: bool = option(
         False, help="Whiten advantages over the batch's trained tokens (zero mean, unit variance); required by reinforce_plus_plus*."
     )
@@ -169,6 +165,14 @@ class AlgoConfig:
             raise UserError(f"--eps-clip {self.eps_clip} must be in [0, 1).", option="--eps-clip")
         if self.eps_clip_high is not None and self.eps_clip_high < 0:
             raise UserError(f"--eps-clip-high {self.eps_clip_high} must be >= 0.", option="--eps-clip-high")
+        if self.advantage_estimator != "ppo":
+            for flag, name in (("--value-clip", "value_clip"), ("--lambd", "lambd")):
+                if getattr(self, name) != AlgoConfig.__dataclass_fields__[name].default:
+                    raise UserError(
+                        f"{flag} configures the PPO critic's training, which only --advantage-estimator ppo runs; "
+                        f"add --advantage-estimator ppo or drop {flag}.",
+                        option=flag,
+                    )
         if self.value_clip < 0:
             raise UserError(f"--value-clip {self.value_clip} must be >= 0.", option="--value-clip")
         for flag, value in (("--gamma", self.gamma), ("--lambd", self.lambd)):

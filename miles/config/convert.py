@@ -32,8 +32,9 @@ class ConvertOptions:
     )
     load: str | None = option(
         None,
-        help="torch_dist checkpoint directory to convert (holding latest_checkpointed_iteration.txt, "
-        "or the iteration directory itself); needed with --from torch_dist.",
+        help="Checkpoint to convert: a run's checkpoints/ directory (the latest complete iteration, or "
+        "--ckpt-step N), one of its iter_* directories (torch or megatron trainer), or a `miles convert "
+        "--to torch_dist` output; needed with --from torch_dist.",
     )
     save: str | None = option(
         None, help="Output directory; written under a temporary name and renamed when complete.", required=True
@@ -44,10 +45,15 @@ class ConvertOptions:
         help="Tensor-parallel size the checkpoint will be trained with; conversion checks the model divides by it "
         "(torch_dist stores whole tensors, so it loads at any TP that divides the model).",
     )
+    ckpt_step: int | None = option(
+        None,
+        help="With --from torch_dist and --load a run's checkpoints/ directory: convert iter_<N> instead of the "
+        "latest complete checkpoint the tracker names.",
+    )
     origin_hf_dir: str | None = option(
         None,
-        help="With --to hf: where config.json and tokenizer files come from; default: the copy recorded in the "
-        "torch_dist checkpoint when it was converted from Hugging Face.",
+        help="With --to hf: where config.json and tokenizer files come from; default: the copy a conversion "
+        "from Hugging Face keeps (hf_assets/), else the --hf-checkpoint the run's run.json records.",
     )
     chunk_size: int = option(5 * GIB, help="With --to hf: maximum bytes per safetensors shard.")
 
@@ -63,6 +69,8 @@ class ConvertOptions:
             raise UserError("--save is required: pass the output directory, e.g. --save /data/model_torch_dist.", option="--save")
         if self.tensor_model_parallel_size < 1:
             raise UserError("--tensor-model-parallel-size must be at least 1.", option="--tensor-model-parallel-size")
+        if self.ckpt_step is not None and self.ckpt_step < 0:
+            raise UserError("--ckpt-step must be a rollout id (0 or more) of a saved checkpoint.", option="--ckpt-step")
         if self.chunk_size < 1:
             raise UserError("--chunk-size must be a positive number of bytes (default 5 GiB).", option="--chunk-size")
         if self.from_format == "hf":
@@ -72,6 +80,8 @@ class ConvertOptions:
                     "as --hf-checkpoint instead.",
                     option="--load",
                 )
+            if self.ckpt_step is not None:
+                raise UserError("--ckpt-step picks a training checkpoint to read, but --from is hf; drop it, or pass --from torch_dist --load CHECKPOINTS_DIR.", option="--ckpt-step")
             if self.hf_checkpoint is None:
                 raise UserError("--hf-checkpoint is required with --from hf: pass the Hugging Face model directory.", option="--hf-checkpoint")
             _readable_dir(self.hf_checkpoint, "--hf-checkpoint")

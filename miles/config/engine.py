@@ -18,6 +18,7 @@ from typing import Any, Literal
 from miles.config.algo import AlgoConfig
 from miles.config.ckpt import CheckpointConfig
 from miles.config.cluster import ClusterConfig
+from miles.config.critic import CriticConfig
 from miles.config.data import DataConfig
 from miles.config.debug import DebugConfig
 from miles.config.eval import EvalConfig
@@ -38,6 +39,7 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("data", DataConfig, "Data"),
     ("eval", EvalConfig, "Eval"),
     ("algo", AlgoConfig, "Algorithm"),
+    ("critic", CriticConfig, "PPO critic"),
     ("reward", RewardConfig, "Reward"),
     ("optimizer", OptimizerConfig, "Optimizer"),
     ("ckpt", CheckpointConfig, "Checkpoint"),
@@ -67,6 +69,7 @@ class EngineConfig:
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -61,6 +61,7 @@ def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
                 f"{spec.flag} {format_value(value)} cannot run in this build: {spec.unavailable[value]}; use {others}.",
                 option=spec.flag,
             )
+    cfg.critic.check_before_derive(cfg)
     fill_derived(cfg)
     _check(cfg, purpose)
     cfg.layout = run_layout(cfg)
@@ -267,6 +268,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
                     f"{flag} {pattern!r} has a placeholder other than {{rollout_id}} ({e}); use {{rollout_id}} or none.", option=flag
                 ) from None
     cfg.algo.check(d.n_samples_per_prompt)
+    cfg.critic.check(cfg)
     cfg.reward.check()
     if purpose == "eval":
         _require(

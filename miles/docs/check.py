@@ -26,11 +26,14 @@ examples that are not claims, such as made-up metric keys); links there still ar
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import re
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from miles.docs import markdown
 from miles.docs.envvars import ENV_NAME, inventory
@@ -288,7 +291,8 @@ class Checker:
         if command is None or "--help" in argv or not self.model.commands[command].starts_work:
             return
         run = argv if "--dry-run" in argv else _with_dry_run(argv)
-        code, output = self.model.invoke(run, env)
+        with _empty_cwd():
+            code, output = self.model.invoke(run, env)
         if code != 0:
             last = [ln.strip() for ln in output.splitlines() if ln.strip()]
             self.report(page, line, f"`{shown}` fails with --dry-run (exit {code}): {last[-1] if last else 'no output'}")
@@ -432,6 +436,19 @@ def _unchecked_lines(page: markdown.Page) -> set[int]:
         elif skipping:
             off.add(n)
     return off
+
+
+@contextlib.contextmanager
+def _empty_cwd() -> Iterator[None]:
+    """Run a documented command from an empty directory: its verdict must not depend on what the
+    checkout's `runs/` holds, or the README's two commands, run in order, fail (issue 28)."""
+    saved = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="miles-docs-check-") as where:
+        os.chdir(where)
+        try:
+            yield
+        finally:
+            os.chdir(saved)
 
 
 def _with_dry_run(argv: list[str]) -> list[str]:

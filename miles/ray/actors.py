@@ -33,8 +33,8 @@ class TrainWorkerActor(TrainWorker):
     def __init__(self) -> None:  # noqa: D107 - built by setup(), so its errors reach the driver intact
         pass
 
-    def setup(self, cfg, *, rank: int, world_size: int, device: str) -> int:
-        TrainWorker.__init__(self, cfg, rank=rank, world_size=world_size, device=device)
+    def setup(self, cfg, *, rank: int, world_size: int, device: str, role: str = "actor") -> int:
+        TrainWorker.__init__(self, cfg, rank=rank, world_size=world_size, device=device, role=role)
         return os.getpid()
 
 

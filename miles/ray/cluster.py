@@ -28,6 +28,7 @@ class Cluster:
     manager: HostedActor
     trainer: Any  # miles.ray.train_group.TrainGroup
     device: str
+    critic: Any = None  # PPO's critic TrainGroup (--advantage-estimator ppo), on the trainer's bundles
 
 
 class _DropDefaultTokenAuthNotice(logging.Filter):
@@ -138,6 +139,10 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
         # Ray places a trainer and the engine together; separate placement gives each a whole device.
         share = 0.5 if layout.colocate else 1.0
         options: dict[str, Any] = {"num_cpus": share, **({"num_gpus": share} if device == "cuda" else {})}
+        ppo = cfg.algo.advantage_estimator == "ppo"
+        # PPO's critic rank shares its actor rank's device (upstream's layout): the two split its share.
+        train_share = share / 2 if ppo else share
+        train_options = {"num_cpus": train_share, **({"num_gpus": train_share} if device == "cuda" else {})}
         if device == "cuda":
             check_gpu_count(cfg, _available_gpus(cfg))
         bundle_of = session.enter_context(placement(cfg, device))
@@ -147,12 +152,15 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
         else:
             manager = start_actor(RolloutManagerActor, cfg, label="the RolloutManager", actor_options={**options, **bundle_of("rollout")})
 
-        def start_trainer():
-            return TrainGroup.start(cfg, TrainWorkerActor, device=device, actor_options=lambda rank: {**options, **bundle_of(rank)})
+        def start_trainer(role: str = "actor"):
+            return TrainGroup.start(cfg, TrainWorkerActor, device=device, role=role,
+                                    actor_options=lambda rank: {**train_options, **bundle_of(rank)})
 
         trainer = start_trainer() if cfg.data.num_rollout is not None else None
+        critic = start_trainer("critic") if ppo and trainer is not None else None
         wait(manager.ready_ref, "the rollout manager to load the engine and the datasets", ACTOR_START_TIMEOUT_S)
         if trainer is None:  # --num-epoch: the dataset size decides the number of steps (and the LR decay)
             resolve_num_rollout(cfg, wait(manager.handle.num_prompts.remote(), "the rollout manager"))
             trainer = start_trainer()
-        yield Cluster(manager, trainer, device)
+            critic = start_trainer("critic") if ppo else None
+        yield Cluster(manager, trainer, device, critic)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from miles.config.engine import EngineConfig
-from miles.errors import StepFailed
+from miles.errors import StepFailed, UserError
 from miles.ray.waiting import ACTOR_START_TIMEOUT_S, STEP_TIMEOUT_S, wait  # noqa: F401  (the driver's timeouts)
 
 
@@ -121,6 +121,14 @@ def _resume(cfg: EngineConfig, cluster) -> tuple[int, int | None]:
     rollout_id, ckpt_dir, extra = found
     # Every rank reads its own shard; the trainer state never passes through the driver.
     cluster.trainer.load_checkpoint(str(ckpt_dir))
+    if cluster.critic is not None:  # committed with the actor's shards by the same tracker (see _save)
+        if not (Path(ckpt_dir) / CRITIC_DIR).is_dir():
+            raise UserError(
+                f"--load {cfg.ckpt.load}: the checkpoint of rollout {rollout_id} has no PPO critic ({CRITIC_DIR}/), so "
+                "--advantage-estimator ppo cannot resume from it; resume it with the estimator it was trained with.",
+                option="--load",
+            )
+        cluster.critic.load_checkpoint(str(Path(ckpt_dir) / CRITIC_DIR))
     wait(cluster.manager.handle.load_state_dict.remote(extra["rollout_manager"]), "the rollout manager to load the data position")
     get_console().print(f"Resumed from rollout {rollout_id} ({cfg.ckpt.load}); continuing at rollout {rollout_id + 1}.")
     return rollout_id + 1, rollout_id
@@ -143,7 +151,7 @@ def _eval_at_start(cfg: EngineConfig, cluster, tracker, run_dir: Path, start: in
     first: dict[str, float] = {}
     if start == 0 and cfg.eval.eval_interval is not None and not cfg.eval.skip_eval_before_train:
         first = wait(manager.eval.remote(0), "eval before training")
-        tracker.log({**first, "eval/step": 0}, step=0)
+        tracker.log(first, step=0)
     if resumed_from is not None and _is_eval_step(cfg, start) and not _logged_eval(run_dir, start):
         tracker.log(wait(manager.eval.remote(start), f"the eval of step {start} missed by the interrupted run"), step=start)
     return first
@@ -152,16 +160,32 @@ def _eval_at_start(cfg: EngineConfig, cluster, tracker, run_dir: Path, start: in
 def _trainer_off_device(cfg: EngineConfig, cluster) -> None:
     if cfg.layout.offload_train:
         cluster.trainer.offload()
+        if cluster.critic is not None:
+            cluster.critic.offload()
 
 
 def _train(cfg: EngineConfig, cluster, data_ref, rollout_id: int) -> dict[str, float]:
-    """The engine releases its memory, the trainer comes back to the device and trains."""
+    """The engine releases its memory, the trainer comes back to the device and trains. PPO: the
+    critic first (on the device only while it trains), then the actor with the critic's pre-update
+    values, except in the first --num-critic-only-steps rollouts."""
     t0 = time.perf_counter()
     if cfg.layout.offload_rollout:
         wait(cluster.manager.handle.offload.remote(), "the rollout engine to release its memory")
+    metrics: dict[str, float] = {}
+    critic_refs = None
+    if cluster.critic is not None:
+        if cfg.layout.offload_train:
+            cluster.critic.onload()
+        critic_metrics, critic_refs = cluster.critic.train_critic(data_ref, rollout_id)
+        metrics.update(critic_metrics)
+        if cfg.layout.offload_train:
+            cluster.critic.offload()
+        if rollout_id < cfg.critic.num_critic_only_steps:
+            metrics["perf/train_time"] = time.perf_counter() - t0
+            return metrics
     if cfg.layout.offload_train:
         cluster.trainer.onload()
-    metrics = dict(cluster.trainer.train(data_ref, rollout_id))
+    metrics.update(cluster.trainer.train(data_ref, rollout_id, critic_refs))
     metrics["perf/train_time"] = time.perf_counter() - t0
     return metrics
 
@@ -216,14 +240,22 @@ def _update_weights(cfg: EngineConfig, cluster, *, version: int) -> tuple[float,
     return time.perf_counter() - t0, dict(sent or {})
 
 
+CRITIC_DIR = "critic"
+"""The PPO critic's shards inside each checkpoint directory (committed with the actor's)."""
+
+
 def _save(cfg: EngineConfig, cluster, rollout_id: int) -> None:
     """Every training rank writes its own shard into a temporary directory; the driver adds its own
-    data and commits (rename + tracker) only after every rank returned."""
+    data and commits (rename + tracker) only after every rank returned. The critic's ranks write into
+    its `critic/` subdirectory of the same temporary directory, so one commit holds both."""
     from miles.ckpt.trainer_checkpoint import begin_checkpoint, commit_checkpoint
 
     manager_state = wait(cluster.manager.handle.state_dict.remote(), "the data position")
     tmp = begin_checkpoint(cfg.ckpt.save, rollout_id)
     cluster.trainer.save_checkpoint(str(tmp))
+    if cluster.critic is not None:
+        (tmp / CRITIC_DIR).mkdir()
+        cluster.critic.save_checkpoint(str(tmp / CRITIC_DIR))
     commit_checkpoint(
         cfg.ckpt.save,
         rollout_id,
@@ -245,6 +277,8 @@ def _finish(cluster, tracker, run_dir: Path, status: str) -> Path | None:
         from miles.tracking.plot import plot_curves
 
         plot = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        if plot:
+            tracker.log_artifact(plot)
     tracker.finish(status=status)
     if status == "FINISHED":
         with contextlib.suppress(Exception):

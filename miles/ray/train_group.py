@@ -52,12 +52,12 @@ def node_ip_address() -> str:
     return "127.0.0.1"
 
 
-def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) -> "TrainerBackend":
-    """The `TrainerBackend` that `--train-backend` names, for one rank."""
+def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, role: str = "actor") -> "TrainerBackend":
+    """The `TrainerBackend` that `--train-backend` names, for one rank (of the actor or the PPO critic)."""
     if cfg.train.train_backend in ("torch", "fsdp"):  # one trainer; fsdp shards it (TorchBackend.fsdp)
         from miles.backends.torch import TorchBackend
 
-        return TorchBackend(cfg, rank=rank, world_size=world_size, device=device)
+        return TorchBackend(cfg, rank=rank, world_size=world_size, device=device, role=role)
     if cfg.train.train_backend == "megatron":
         try:
             from miles.backends.megatron import MegatronTrainer
@@ -66,15 +66,15 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str) 
                 f"--train-backend megatron: the megatron backend cannot be imported ({e}); use --train-backend torch.",
                 option="--train-backend",
             ) from None
-        return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device)
+        return MegatronTrainer(cfg, rank=rank, world_size=world_size, device=device, role=role)
     raise UserError(f"--train-backend {cfg.train.train_backend!r} is not one of torch, fsdp, megatron.", option="--train-backend")
 
 
 class TrainWorker:
-    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1):
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1, role: str = "actor"):
         torch.set_num_threads(threads)
         self.cfg = cfg
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rank, self.world_size, self.device, self.role = rank, world_size, device, role
         self.backend: TrainerBackend | None = None
         self.weight_pusher = WeightPusher()  # its sender (a broadcast group, a tensor buffer) outlives a sync
 
@@ -97,13 +97,21 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=datetime.timedelta(minutes=RENDEZVOUS_TIMEOUT_MIN),
             )
-        self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device)
+        self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device, role=self.role)
         return True
 
-    def train(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, float]:
+    def train(self, train_data: dict[str, Any], rollout_id: int, critic: dict[str, Any] | None = None) -> dict[str, float]:
+        """The policy's step; `critic`: what the critic rank of the same index returned (ppo)."""
         from miles.train.step import train_rollout
 
-        return train_rollout(self.backend, train_data, rollout_id=rollout_id)
+        return train_rollout(self.backend, train_data, rollout_id=rollout_id, values=None if critic is None else critic["values"])
+
+    def train_critic(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, Any]:
+        """The critic's step: {"metrics": critic/*, "values": its pre-update values by sample index}."""
+        from miles.train.step import train_critic
+
+        metrics, values = train_critic(self.backend, train_data, rollout_id=rollout_id)
+        return {"metrics": metrics, "values": values}
 
     def offload(self) -> None:
         """--offload-train: weights and optimizer state to host memory while the engine generates."""
@@ -149,22 +157,26 @@ class TrainGroup:
         self.step_timeout_s = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
 
     @classmethod
-    def start(cls, cfg: EngineConfig, actor_class, *, device: str, actor_options: Callable[[int], dict[str, Any]]) -> "TrainGroup":
+    def start(cls, cfg: EngineConfig, actor_class, *, device: str, actor_options: Callable[[int], dict[str, Any]],
+              role: str = "actor") -> "TrainGroup":
         """Start one `actor_class` (`miles.ray.actors.TrainWorkerActor`) per rank, rendezvous at rank 0's
-        node (its IP as Ray sees it, a port free there), then build the backends (every rank loads the model)."""
+        node (its IP as Ray sees it, a port free there), then build the backends (every rank loads the model).
+        `role="critic"`: PPO's critic group, the same ranks with a value model (its own process group)."""
         from miles.ray.hosting import start_actor
         from miles.ray.waiting import ACTOR_START_TIMEOUT_S, wait
 
         world = cfg.layout.train_ranks
+        who = "training" if role == "actor" else "critic"
         actors = [
-            start_actor(actor_class, cfg, rank=r, world_size=world, device=device, label=f"the TrainWorker of rank {r}",
+            start_actor(actor_class, cfg, rank=r, world_size=world, device=device, role=role,
+                        label=f"the {'TrainWorker' if role == 'actor' else 'critic TrainWorker'} of rank {r}",
                         actor_options=actor_options(r))
             for r in range(world)
         ]
-        wait([a.ready_ref for a in actors], "the training workers to start", ACTOR_START_TIMEOUT_S)
+        wait([a.ready_ref for a in actors], f"the {who} workers to start", ACTOR_START_TIMEOUT_S)
         group = cls(actors)
-        master = wait(group.handles[0].rendezvous_address.remote(), "training rank 0 to pick the rendezvous address")
-        group._all([h.start.remote(*master) for h in group.handles], "the training workers to join and load the model", ACTOR_START_TIMEOUT_S)
+        master = wait(group.handles[0].rendezvous_address.remote(), f"{who} rank 0 to pick the rendezvous address")
+        group._all([h.start.remote(*master) for h in group.handles], f"the {who} workers to join and load the model", ACTOR_START_TIMEOUT_S)
         return group
 
     def _all(self, refs: list, what: str, timeout: float | None = None) -> list:
@@ -172,9 +184,18 @@ class TrainGroup:
 
         return wait(refs, what, self.step_timeout_s if timeout is None else timeout)
 
-    def train(self, data_ref, rollout_id: int) -> dict[str, float]:
-        """One RL step on every rank; rank 0's metrics (they are reduced across ranks already)."""
-        return self._all([h.train.remote(data_ref, rollout_id) for h in self.handles], f"training on rollout {rollout_id}")[0]
+    def train(self, data_ref, rollout_id: int, critic_refs: list | None = None) -> dict[str, float]:
+        """One RL step on every rank; rank 0's metrics (they are reduced across ranks already).
+        `critic_refs`: per rank, the critic rank's `train_critic` result (ppo), passed by reference."""
+        refs = critic_refs or [None] * len(self.handles)
+        return self._all([h.train.remote(data_ref, rollout_id, c) for h, c in zip(self.handles, refs)], f"training on rollout {rollout_id}")[0]
+
+    def train_critic(self, data_ref, rollout_id: int) -> tuple[dict[str, float], list]:
+        """The critic's step on every rank: (rank 0's critic/* metrics, each rank's result by reference,
+        which carries its values to the actor rank of the same index without passing through here)."""
+        refs = [h.train_critic.remote(data_ref, rollout_id) for h in self.handles]
+        self._all(list(refs), f"the critic's training on rollout {rollout_id}")
+        return self._all(refs[0], f"the critic's metrics of rollout {rollout_id}")["metrics"], refs
 
     def offload(self) -> None:
         self._all([h.offload.remote() for h in self.handles], "the trainer to move to host memory")

@@ -1,6 +1,9 @@
-"""The always-on metrics file: `<run_dir>/metrics.jsonl`, one JSON object per `Tracker.log` call.
+"""The always-on metrics file: `<run_dir>/metrics.jsonl`, one JSON object per step.
 
-Each line is `{"step": <int>, "time": <unix seconds>, "<metric>": <float>, ...}`. The file is opened
+Each line is `{"step": <int>, "time": <unix seconds>, "<metric>": <float>, ...}`, holding every metric
+logged for that step (several `Tracker.log` calls of one step merge into its line; `time` is when its
+last metrics were logged, the end of the step), so
+`pandas.read_json(path, lines=True)` gives one row per step. The file is opened
 for appending so a resumed run continues it; `resume_step=N` first drops every line with
 `step >= N` (those steps are about to be redone), rewriting the file atomically (temp + rename).
 A last line without its newline (the process was killed mid-write) is dropped on open, with a
@@ -18,7 +21,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,9 @@ def _prepare(path: Path, resume_step: int | None) -> None:
 
 
 class JsonlSink:
-    """Appends one line per `log`; flushed on every call so a crash loses at most the current step."""
+    """Writes one line per step: a `log` of the step just written merges into that line (the driver logs
+    a step's training metrics before its checkpoint and its eval after it). Every call reaches the file
+    at once, so a crash loses at most what had not been logged yet."""
 
     name = "jsonl"
 
@@ -77,16 +82,29 @@ class JsonlSink:
         self.path = run_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _prepare(self.path, resume_step)
-        self._file: TextIO | None = self.path.open("a", encoding="utf-8")
+        self._file: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._end = os.lseek(self._file, 0, os.SEEK_END)
+        # The line last written by this sink: where it starts and what it holds (a step begun by an
+        # earlier process is never merged into: its line may be a killed run's).
+        self._last: tuple[int, dict[str, Any]] | None = None
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self._file is None:
             raise RuntimeError(f"{self.path}: log() after finish()")
-        record = {"step": step, "time": time.time(), **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        if self._last is not None and self._last[1]["step"] == step:
+            start, record = self._last[0], {**self._last[1], **metrics, "time": time.time()}
+        else:
+            start, record = self._end, {"step": step, "time": time.time(), **metrics}
+        line = (json.dumps(record) + "\n").encode()
+        # One write of the whole line over the old one, so a process killed here leaves the old line
+        # or the new one, never a mix.
+        os.pwrite(self._file, line, start)
+        if start + len(line) < self._end:  # a merged value printed shorter than the one it replaced
+            os.ftruncate(self._file, start + len(line))
+        self._end = start + len(line)
+        self._last = (start, record)
 
     def close(self, status: str) -> None:
         if self._file is not None:
-            self._file.close()
+            os.close(self._file)
             self._file = None

@@ -47,17 +47,24 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("train/tis_clipfrac", "Fraction of tokens whose TIS weight was truncated."),
     ("train/tis_abs", "Mean |TIS weight − 1|."),
     ("train/mis_<metric>", "Rollout-correction metrics of `--custom-config-path` MIS (weights, mask fractions)."),
-    ("train/value_loss", "PPO value loss (critic), with `--advantage-estimator ppo`."),
-    ("train/value_clipfrac", "Fraction of tokens where the clipped value term was taken."),
     ("train/grad_norm", "Gradient norm before clipping (mean over the optimizer steps)."),
     ("train/lr", "Learning rate of the last optimizer step."),
     ("train/skipped_step", "Fraction of optimizer steps skipped (non-finite gradient)."),
+    # critic/: PPO's critic (--advantage-estimator ppo), its own train group (miles.train.step.train_critic)
+    ("critic/loss", "The critic's loss (equal to critic/value_loss)."),
+    ("critic/value_loss", "Clipped value loss max((V - R)^2, (V_old + clip(V - V_old, ±value_clip) - R)^2), mean over the optimizer steps."),
+    ("critic/value_clipfrac", "Fraction of trained tokens with |V - V_old| > --value-clip."),
+    ("critic/explained_variance", "1 - Var(R - V) / Var(R) of the critic's values before the update against the GAE returns, over the rollout's trained tokens (0 when every return is equal)."),
+    ("critic/value_mean", "Mean critic value over the rollout's trained tokens, before the update."),
+    ("critic/grad_norm", "The critic's gradient norm before clipping (mean over the optimizer steps)."),
+    ("critic/lr", "The critic's learning rate at its last optimizer step (--critic-lr, --critic-lr-warmup-iters)."),
+    ("critic/skipped_step", "Fraction of the critic's optimizer steps skipped (non-finite gradient)."),
+    ("perf/critic_train_time", "Seconds the critic's ranks spent in their train call (inside perf/train_time)."),
     # eval/<ds>/: one block per eval dataset, on the eval sampling settings
     ("eval/<ds>/accuracy", "Fraction of eval samples with a positive reward; only for right/wrong reward types (math, dapo, deepscaler, gpqa, exact_match, random, deterministic_random), not for f1, remote_rm or --custom-rm-path."),
     ("eval/<ds>/reward", "Mean eval reward (always reported)."),
     ("eval/<ds>/response_len_mean", "Mean eval response length in tokens."),
     ("eval/<ds>/truncated_ratio", "Fraction of eval samples cut by `--eval-max-response-len`."),
-    ("eval/step", "Step of an eval logged on its own (0: the eval before training)."),
     # perf/: seconds and throughput
     ("perf/step_time", "Wall-clock seconds of the whole step (generate, train, save, sync, eval)."),
     ("perf/rollout_time", "Seconds spent generating and scoring the rollout."),
@@ -71,7 +78,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("perf/train_tokens_per_s", "Trained tokens (prompt + response) per second, all data-parallel ranks."),
 )
 
-PREFIXES = ("rollout/", "train/", "eval/", "perf/")
+PREFIXES = ("rollout/", "train/", "critic/", "eval/", "perf/")
 
 
 def metric_names() -> list[tuple[str, str]]:

@@ -38,6 +38,7 @@ from miles.tracking.keys import flatten_params, mlflow_key
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id.txt"
+ARTIFACTS_DIR = "mlflow_artifacts"  # under the run directory, with the default store
 _METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
 
@@ -160,7 +161,7 @@ class MlflowSink:
                 self.client.update_run(self.run_id, status="RUNNING")
             old_params = dict(existing.data.params)
         else:
-            experiment_id = self._experiment_id(cfg.mlflow_experiment_name)
+            experiment_id = self._experiment_id(cfg.mlflow_experiment_name, None if cfg.mlflow_tracking_uri else run_dir)
             run = self.client.create_run(
                 experiment_id, run_name=cfg.mlflow_run_name or run_id, tags={"miles.run_id": run_id}
             )
@@ -170,10 +171,13 @@ class MlflowSink:
         _write_atomic(id_file, self.run_id + "\n")
         self._log_params(params, old_params)
 
-    def _experiment_id(self, name: str) -> str:
+    def _experiment_id(self, name: str, run_dir: Path | None) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            return self.client.create_experiment(name)
+            # The default store's artifacts (curves.png) live in the run directory, not in the
+            # working directory's ./mlruns that MLflow would pick.
+            where = None if run_dir is None else (Path(run_dir).resolve() / ARTIFACTS_DIR).as_uri()
+            return self.client.create_experiment(name, artifact_location=where)
         if exp.lifecycle_stage == "deleted":
             raise UserError(
                 f"MLflow experiment {name!r} is deleted in {self.tracking_uri}; restore it "
@@ -227,6 +231,10 @@ class MlflowSink:
                     batch.append(Metric(name, value, ts, step))
         for i in range(0, len(batch), _METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _METRICS_PER_BATCH])
+
+    def log_artifact(self, path: Path) -> None:
+        """Attach the file at `path` (the run's plot) to the MLflow run."""
+        self.client.log_artifact(self.run_id, str(path))
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)

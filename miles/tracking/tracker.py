@@ -209,6 +209,24 @@ class Tracker:
                 sink.name, step,
             )
 
+    def log_artifact(self, path: str | Path) -> None:
+        """Attach a file (the run's plot) in every sink that keeps files (MLflow); a failure is counted
+        like a failed `log` (raised with `strict=True`)."""
+        if self._finished:
+            raise RuntimeError("Tracker.log_artifact() after finish()")
+        for sink in self.sinks[1:]:
+            attach = getattr(getattr(sink, "sink", sink), "log_artifact", None)  # through a BackgroundSink
+            if attach is None:
+                continue
+            try:
+                if hasattr(sink, "flush"):
+                    sink.flush()  # the writer thread is idle while this thread uses the client
+                attach(Path(path))
+            except Exception:
+                if self.strict:
+                    raise
+                self._sink_failed(sink, -1)
+
     def finish(self, status: Status = "FINISHED") -> dict[str, BaseException]:
         """Close every sink (each one even if another fails); returns {sink name: error} for those that failed."""
         if status not in STATUSES:

@@ -7,7 +7,9 @@ advantages and returns, filled into every micro-batch of one rollout on this ran
   `miles.train.loss.packed_loss` takes them) and a whole forward pass is saved; otherwise a no-grad
   forward of the actor before any update;
 - reference log-probs: from the frozen reference model, when the backend loaded one (a KL term);
-- values: from the backend's critic, for estimators registered with `needs_values` (ppo);
+- values: for estimators registered with `needs_values` (ppo), the critic's pre-update values of
+  this rank's samples, which `train_critic` returned (`fill_value_inputs` computes them on the
+  critic's own ranks, whose data-parallel layout is the actor's);
 - advantages and returns of all this rank's samples in one vectorised call
   (`miles.algo.advantages`); `--normalize-advantages` whitens with statistics summed over the whole
   data-parallel group, so DP=N whitens exactly like DP=1.
@@ -33,12 +35,13 @@ def fill_policy_inputs(
     *,
     num_steps: int,
     reuse_on_policy_log_probs: bool = True,
+    values: dict[int, torch.Tensor] | None = None,
 ) -> None:
     """Set old/ref log-probs, advantages and returns on `batches` (this rank's micro-batches of the
     rollout, in the order of `local`, their sample indices). `reuse_on_policy_log_probs=False` forces
-    the separate no-grad forward even where the training forward's log-probs are the same numbers."""
-    from miles.algo.advantages import NEEDS_VALUES, compute_advantages_and_returns
-    from miles.algo.segments import Segments
+    the separate no-grad forward even where the training forward's log-probs are the same numbers.
+    `values`: sample index -> the critic's values [R_i] (ppo); None asks `backend.values`."""
+    from miles.algo.advantages import NEEDS_VALUES
 
     algo = backend.cfg.algo
     if algo.use_rollout_logprobs:
@@ -54,7 +57,54 @@ def fill_policy_inputs(
     if backend.has_reference:
         for b, (lp, _) in zip(batches, backend.forward(batches, model="ref")):
             b.ref_log_probs = lp
-    values = torch.cat(backend.values(batches)) if algo.advantage_estimator in NEEDS_VALUES else None
+    token_values = None
+    if algo.advantage_estimator in NEEDS_VALUES and values is None:
+        # No critic group sent values: the backend must be able to give them itself (a critic does).
+        token_values = torch.cat(backend.values(batches))
+    elif algo.advantage_estimator in NEEDS_VALUES:
+        missing = [i for i in local if i not in values]
+        if missing:
+            raise ValueError(f"the critic sent no values for samples {missing[:5]} of this rank")
+        token_values = torch.cat([values[i].to(backend.device, torch.float32) for i in local])
+    fill_advantages(backend, train_data, local, batches, token_values)
+
+
+def fill_value_inputs(
+    backend: TrainerBackend, train_data: dict[str, Any], local: list[int], batches: list[PackedBatch]
+) -> tuple[dict[int, torch.Tensor], dict[str, float]]:
+    """On a critic's rank: its pre-update values of `batches` become their `old_values`, and GAE over
+    them gives the value targets (`returns`), exactly as the actor will compute them from the same
+    values. Returns (sample index -> values [R_i] on the CPU, for the actor) and the rollout's
+    `critic/value_mean` and `critic/explained_variance` (1 - Var(R - V) / Var(R) over the trained
+    tokens of the whole data-parallel group, before the update)."""
+    per_batch = backend.values(batches)
+    for b, v in zip(batches, per_batch):
+        b.old_values = v
+    fill_advantages(backend, train_data, local, batches, torch.cat(per_batch))
+    flat = torch.cat(per_batch).cpu()
+    by_sample = dict(zip(local, flat.split(torch.cat([b.response_lengths for b in batches]).tolist())))
+    return by_sample, value_stats(backend, batches)
+
+
+def value_stats(backend: TrainerBackend, batches: list[PackedBatch]) -> dict[str, float]:
+    """`critic/value_mean` and `critic/explained_variance` of the old values against the returns."""
+    from miles.algo.reduce import explained_variance_terms, explained_variance_from_terms
+
+    mask = torch.cat([b.loss_mask for b in batches])
+    terms = explained_variance_terms(torch.cat([b.old_values for b in batches]), torch.cat([b.returns for b in batches]), mask)
+    if backend.dp_size > 1:
+        terms = backend.all_reduce_dp(terms)
+    return explained_variance_from_terms(terms)
+
+
+def fill_advantages(
+    backend: TrainerBackend, train_data: dict[str, Any], local: list[int], batches: list[PackedBatch], values: torch.Tensor | None
+) -> None:
+    """Advantages and returns of `batches` from their rewards (and old/ref log-probs, values)."""
+    from miles.algo.advantages import compute_advantages_and_returns
+    from miles.algo.segments import Segments
+
+    algo = backend.cfg.algo
 
     def cat(name: str) -> torch.Tensor | None:
         return None if getattr(batches[0], name) is None else torch.cat([getattr(b, name) for b in batches])

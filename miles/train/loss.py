@@ -40,6 +40,24 @@ def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batc
     )
 
 
+def packed_value_loss(cfg, values: torch.Tensor, batch: PackedBatch, normalizer: float) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The critic's clipped value loss (`--value-clip`) of `batch` against its GAE returns."""
+    from miles.algo.losses import value_loss
+    from miles.algo.segments import Segments
+
+    if batch.old_values is None or batch.returns is None:
+        raise ValueError("the value loss needs the batch's old values and returns (miles.train.inputs.fill_value_inputs)")
+    return value_loss(
+        cfg,
+        values=values,
+        old_values=batch.old_values,
+        returns=batch.returns,
+        loss_mask=batch.loss_mask,
+        segments=Segments(batch.response_cu_seqlens),
+        normalizer=normalizer,
+    )
+
+
 def loss_normalizer(cfg, train_data: dict[str, Any], global_indices: list[int]) -> float:
     """What every micro-batch's loss is divided by: the global batch's sample count, or its trained-token
     count with `--calculate-per-token-loss`, so the accumulated gradient is the global batch's mean."""

@@ -23,12 +23,12 @@ def combine_metric(acc: dict[str, float], key: str, value: float) -> None:
         acc[key] += value
 
 
-def reduce_over_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
-    """One rollout's metrics from its optimizer steps' (same keys in every step)."""
+def reduce_over_steps(step_metrics: list[dict[str, float]], *, lr_key: str = "train/lr") -> dict[str, float]:
+    """One rollout's metrics from its optimizer steps' (same keys in every step); `lr_key`: the last step's."""
     metrics: dict[str, float] = {}
     for key in step_metrics[0]:
         values = [m[key] for m in step_metrics]
-        if key == "train/lr":
+        if key == lr_key:
             metrics[key] = values[-1]
         elif key.endswith("_max"):
             metrics[key] = max(values)

@@ -175,6 +175,24 @@ def test_value_loss_hand_numbers():
     close(v[0].grad, [0.8 / 3, -1.0 / 3, 0.0])
 
 
+def test_value_loss_clips_below_the_old_value_too():
+    """The clip is two-sided: a value that fell more than value_clip under the old one is clipped up."""
+    cfg = make_cfg(value_clip=0.2)
+    v = [T([-0.5, 0.1], requires_grad=True), T([0.0], requires_grad=True)]
+    loss, m = call_packed(
+        value_loss, cfg, values=v, old_values=[T([0.0, 0.0]), T([0.5])], returns=[T([-1.0, 0.0]), T([1.0])],
+        loss_masks=[T([1.0, 1.0]), T([1.0])],
+    )
+    # sample 1, t0: -0.5 clipped up to -0.2: max((-0.5+1)^2, (-0.2+1)^2) = max(0.25, 0.64) = 0.64 (clipped)
+    #           t1: 0.1 within the clip: 0.01; per-sample mean (0.64 + 0.01) / 2 = 0.325
+    # sample 2: 0.0 is 0.5 under 0.5, clipped up to 0.3: max((0-1)^2, (0.3-1)^2) = 1.0 (unclipped)
+    close(loss, (0.325 + 1.0) / 2)
+    close(m["value_clipfrac"], (0.5 + 1.0) / 2)
+    loss.backward()
+    close(v[0].grad, [0.0, 2 * 0.1 / 2 / 2])
+    close(v[1].grad, [2 * (0.0 - 1.0) / 2])
+
+
 def test_get_loss_function_dispatch(tmp_path, monkeypatch):
     assert get_loss_function(make_cfg()) is losses.policy_loss
     assert get_loss_function(make_cfg(loss_type="sft_loss")) is sft_loss
@@ -191,3 +209,17 @@ def test_unresolved_eps_clip_high_is_an_internal_error():
 
     with pytest.raises(ValueError, match="resolve"):
         policy_loss(AlgoConfig(), log_probs=[T([-1.0])], old_log_probs=[T([-1.0])], advantages=[T([1.0])], loss_masks=[T([1.0])])
+
+
+def test_explained_variance_hand_numbers_and_dp_sums():
+    """1 - Var(R - V) / Var(R) over trained tokens; the terms are sums, so two halves add up to the whole."""
+    from miles.algo.reduce import explained_variance_from_terms, explained_variance_terms
+
+    v, r, m = T([0.0, 1.0, 2.0, 9.0]), T([1.0, 1.0, 3.0, 0.0]), T([1.0, 1.0, 1.0, 0.0])
+    # trained: R = [1, 1, 3] (mean 5/3, var 8/9); R - V = [1, 0, 1] (mean 2/3, var 2/9); V mean 1
+    out = explained_variance_from_terms(explained_variance_terms(v, r, m))
+    close(out["critic/explained_variance"], 1 - (2 / 9) / (8 / 9))
+    close(out["critic/value_mean"], 1.0)
+    halves = explained_variance_terms(v[:2], r[:2], m[:2]) + explained_variance_terms(v[2:], r[2:], m[2:])
+    assert explained_variance_from_terms(halves) == pytest.approx(out)
+    assert explained_variance_from_terms(explained_variance_terms(v, T([1.0, 1.0, 1.0, 5.0]), m))["critic/explained_variance"] == 0.0

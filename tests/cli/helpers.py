@@ -84,4 +84,6 @@ def dry_run_ok(r) -> bool:
     if r.returncode == 0:
         return True
     errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
-    return r.returncode == 2 and len(errors) == 1 and "does not exist" in errors[0] and "Traceback" not in r.stderr
+    # ... or because this machine has none of the GPUs the recipe asks for (--hardware H100, ...).
+    missing = ("does not exist", "asks for NVIDIA GPUs but this machine has none visible")
+    return r.returncode == 2 and len(errors) == 1 and any(m in errors[0] for m in missing) and "Traceback" not in r.stderr

@@ -70,8 +70,8 @@ def test_api_mistakes_are_the_cli_mistakes():
         api.resolve(rollout_batch_sise=3)
     with pytest.raises(UserError, match="set by the recipe option 'train_deterministic'"):
         api.resolve(deterministic_mode=False)
-    with pytest.raises(UserError, match="--advantage-estimator ppo cannot run in this build"):
-        api.resolve(advantage_estimator="ppo")
+    with pytest.raises(UserError, match="--critic-lr configures the PPO critic, which only --advantage-estimator ppo trains"):
+        api.resolve(critic_lr=1e-5)
     with pytest.raises(UserError, match="No such option --lr-typo in --extra-args"):
         api.resolve(extra_args="--lr-typo 1")
     with pytest.raises(UserError, match="'lr' is not an option of this command"):

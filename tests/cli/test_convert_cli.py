@@ -74,8 +74,15 @@ def _arch(tmp_path: Path, name: str) -> None:
     (["--hf-checkpoint", "hf", "--save", "out"], lambda d: (d / "out").mkdir(),
      "exists but is not a complete torch_dist checkpoint; pass --force"),
     (["--from", "torch_dist", "--to", "hf", "--load", "hf", "--save", "out"], None,
-     "has no latest_checkpointed_iteration.txt and no metadata.json"),
-], ids=["missing-dir", "unknown-architecture", "same-from-to", "existing-output", "load-not-torch-dist"])
+     "has no latest_checkpointed_iteration.txt, no metadata.json and no .metadata, so it holds no checkpoint"),
+    # A few bytes of text where the weights should be: its "header length" is garbage (issue 28; it
+    # used to be allocated, a MemoryError).
+    (["--hf-checkpoint", "hf", "--save", "out"], lambda d: (d / "hf" / "model.safetensors").write_text("not weights at all\n"),
+     "is not a readable safetensors file (its first 8 bytes give a header of"),
+    (["--hf-checkpoint", "hf", "--save", "out"], lambda d: (d / "hf" / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]"),
+     "its header is not a JSON object"),
+], ids=["missing-dir", "unknown-architecture", "same-from-to", "existing-output", "load-not-torch-dist", "text-as-safetensors",
+        "header-not-an-object"])
 def test_user_errors_exit_2_with_one_sentence(tmp_path, args, setup, expected):
     make_hf_model("llama", tmp_path / "hf")
     if setup:

@@ -146,3 +146,18 @@ def test_completion_of_lazy_commands_and_their_options(words, cword, expected):
     out = subprocess.run([sys.executable, "-m", "miles_cli.main"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == expected
+
+
+def test_version_prints_the_installed_version_without_the_heavy_stack():
+    import os
+    import subprocess
+    import sys
+    from importlib.metadata import version
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "miles_cli.main", "--version"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and r.stdout.strip() == f"miles {version('miles')}", r.stdout + r.stderr[-500:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "ray", "transformers"}

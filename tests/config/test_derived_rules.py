@@ -32,6 +32,8 @@ CASES = [
     {"actor_num_gpus_per_node": 2, "colocate": True},
     {"train_backend": "megatron", "actor_num_gpus_per_node": 2, "tensor_model_parallel_size": 2},  # megatron on 2 workers
     {"over_sampling_batch_size": 8},
+    {"advantage_estimator": "ppo", "hf_checkpoint": "/m", "lr": 3e-4, "actor_num_gpus_per_node": 2},
+    {"advantage_estimator": "ppo", "critic_lr": 1e-5, "critic_load": "/c"},
 ]
 
 
@@ -181,6 +183,11 @@ def hand_expected(values: dict) -> dict:
         "eval_reward_key": v["reward_key"],
         "lr_decay_iters": v["num_rollout"] * steps,
         "ref_load": v["hf_checkpoint"],
+        # the PPO critic: the actor's layout, the policy's checkpoint and lr, only with ppo (else unset)
+        "critic_num_nodes": v["actor_num_nodes"] if v["advantage_estimator"] == "ppo" else None,
+        "critic_num_gpus_per_node": v["actor_num_gpus_per_node"] if v["advantage_estimator"] == "ppo" else None,
+        "critic_load": v["hf_checkpoint"] if v["advantage_estimator"] == "ppo" else None,
+        "critic_lr": v["lr"] if v["advantage_estimator"] == "ppo" else None,
         # tracking sinks: named after the run and kept in its directory (None before a run is known)
         "mlflow_tracking_uri": None if run_dir is None else f"sqlite:///{run_dir}/mlflow.db",
         "mlflow_run_name": run_id,

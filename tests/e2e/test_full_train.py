@@ -95,6 +95,15 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     for name in ["metrics.jsonl", "mlflow.db", "curves.png", "checkpoints/latest_checkpointed_iteration.txt"]:
         assert (run_dir / name).exists(), name
     assert "Plot:" in r.stdout
+    # The plot is an artifact of the run's MLflow run, stored in the run directory.
+    from mlflow.tracking import MlflowClient
+
+    mlflow_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+    assert [a.path for a in client.list_artifacts(mlflow_id)] == ["curves.png"]
+    # One metrics line per step, every metric of the step in it (issue 28).
+    assert [row["step"] for row in rows(run_dir)] == [0, 1, 2, 3]
+    assert "eval/step" not in {k for row in rows(run_dir) for k in row}
     # A quiet console: Ray's notice that token authentication is on (its default) is not the user's business.
     assert "Token authentication is enabled" not in r.stdout + r.stderr
     # ... nor torch.distributed.checkpoint's warning that a one-worker save is a single process.
@@ -108,7 +117,31 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     # The same command again: prepare steps are skipped and the finished run resumes at its end.
     r2 = run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
     assert "already complete" in r2.stdout
-    assert "Resumed from the checkpoint of rollout 2" in r2.stdout
+    assert "The run finished at rollout 2" in r2.stdout and "nothing to train" in r2.stdout
+
+
+def assert_converts_to_the_trainer_weights(checkpoints: Path, reference: dict, cwd: Path) -> None:
+    """`miles convert` of a run's own checkpoints/ (no other option) gives these weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    out = cwd / f"hf_of_{checkpoints.parent.name}"
+    run(["convert", "--from", "torch_dist", "--to", "hf", "--load", str(checkpoints), "--save", str(out)], cwd)
+    got = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    if json.loads((out / "config.json").read_text()).get("tie_word_embeddings"):
+        # A tied lm_head is the embedding; Hugging Face saves it once, so does convert.
+        assert torch.equal(reference["lm_head.weight"], reference["model.embed_tokens.weight"])
+        reference = {k: v for k, v in reference.items() if k != "lm_head.weight"}
+    assert got.keys() == reference.keys()
+    assert [k for k in reference if not torch.equal(got[k], reference[k])] == []
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+
+
+def test_the_runs_own_checkpoints_convert_to_hf_bit_exact(work):
+    """The default run's `checkpoints/` (torch backend, per-rank DCP) → HF, the config from its run.json."""
+    run_dir = work / "runs" / "smoke"
+    if not (run_dir / "checkpoints").exists():
+        run(["full-train", "--mode", "debug_minimal", *dirs(work, "smoke")], work)
+    assert_converts_to_the_trainer_weights(run_dir / "checkpoints", final_state(run_dir)["model"], work)
 
 
 def test_eval_of_the_final_checkpoint_equals_the_runs_last_eval(work):

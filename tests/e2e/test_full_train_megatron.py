@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 MILES = [sys.executable, "-m", "miles_cli.main"]
 
@@ -42,7 +43,7 @@ def test_debug_minimal_megatron_on_two_workers_with_tp2(tmp_path: Path):
     of the TrainerBackend interface. About 2-4 minutes on 2 cores."""
     args = ["full-train", "--mode", "debug_minimal", "--train-backend", "megatron", "--model-dir", str(tmp_path / "models"),
             "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "runs"), "--run-id", "mg2",
-            "--num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
+            "--num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--save-hf", str(tmp_path / "hf_{rollout_id}")]
     r = subprocess.run(MILES + args, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "mg2"
@@ -52,6 +53,18 @@ def test_debug_minimal_megatron_on_two_workers_with_tp2(tmp_path: Path):
     ckpt = run_dir / "checkpoints" / "iter_0000002"
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert sorted(p.name for p in ckpt.glob("rank_*.pt")) == ["rank_00000.pt", "rank_00001.pt"]  # one file per rank
+    # The TP=2 checkpoints/ converts to HF with no other option (the config from the run's run.json),
+    # bit for bit the weights the trainer exported at that save (--save-hf).
+    from safetensors.torch import load_file
+
+    def weights(d: Path) -> dict:
+        return {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+    c = subprocess.run(MILES + ["convert", "--from", "torch_dist", "--to", "hf", "--load", str(run_dir / "checkpoints"),
+                                "--save", str(tmp_path / "converted")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert c.returncode == 0, c.stdout[-3000:] + c.stderr[-3000:]
+    got, trained = weights(tmp_path / "converted"), weights(tmp_path / "hf_2")
+    assert got.keys() == trained.keys() and [k for k in got if not torch.equal(got[k], trained[k])] == []
 
 
 def _learns(tmp_path: Path, run_id: str, *extra: str) -> None:

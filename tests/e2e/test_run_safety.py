@@ -72,6 +72,24 @@ def test_debug_run_then_normal_run_with_default_ids_never_meet(work):
     assert snapshot(work / "runs" / DEBUG_ID) == before
 
 
+@pytest.mark.parametrize("argv", [
+    ["full-train", "--mode", "debug_minimal"],                   # the same command again
+    ["train", "--mode", "debug_minimal", "--lr", "1e-5"],        # a changed option that would train nothing
+])
+def test_a_rerun_that_trains_nothing_changes_nothing_in_the_run(work, argv):
+    """options.json, run.json, MLflow (params, tags, metrics) and metrics.jsonl keep saying what trained (issue 28)."""
+    run_dir = work / "runs" / DEBUG_ID
+    def record() -> list:  # everything but the run lock, which every command that may train takes
+        return [f for f in snapshot(run_dir) if f[0] != ".miles-run.lock"]
+
+    before = record()
+    r = miles([*argv, *where(work)], work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "nothing to train" in one_line(r.stdout) and "Resumed from" not in r.stdout, r.stdout[-2000:]
+    assert record() == before
+    assert json.loads((run_dir / "options.json").read_text())["command"] == "full-train"
+
+
 def test_train_load_other_into_a_finished_run_is_refused_and_changes_nothing(work):
     other = work / "other_checkpoints"
     if not other.exists():

@@ -67,7 +67,7 @@ class _no_ray:
 class _Recorder:
     """A fake cluster: the trainer and the manager record the calls the driver makes, in order."""
 
-    def __init__(self):
+    def __init__(self, with_critic: bool = False):
         self.calls: list[str] = []
         rec = self
 
@@ -92,12 +92,24 @@ class _Recorder:
             def onload(self):
                 rec.calls.append("trainer.onload")
 
-            def train(self, data_ref, rollout_id):
-                rec.calls.append("trainer.train")
+            def train(self, data_ref, rollout_id, critic_refs=None):
+                rec.calls.append("trainer.train" + ("(values)" if critic_refs else ""))
                 return {"train/loss": 0.0}
+
+        class Critic:
+            def offload(self):
+                rec.calls.append("critic.offload")
+
+            def onload(self):
+                rec.calls.append("critic.onload")
+
+            def train_critic(self, data_ref, rollout_id):
+                rec.calls.append("critic.train")
+                return {"critic/value_loss": 0.0}, ["values-ref"]
 
         self.manager = type("Hosted", (), {"handle": Manager()})()
         self.trainer = Trainer()
+        self.critic = Critic() if with_critic else None
 
 
 def test_colocated_memory_order(monkeypatch):
@@ -113,6 +125,26 @@ def test_colocated_memory_order(monkeypatch):
     driver._sync_after_train(cfg, fake, version=1)
     assert fake.calls == ["offload", "trainer.onload", "trainer.train",
                           "trainer.offload", "onload(weights)", "update_weights", "onload(kv_cache,cuda_graph)"]
+
+
+def test_colocated_memory_order_with_the_ppo_critic(monkeypatch):
+    """PPO: the critic comes to the device, trains and leaves before the actor comes; the actor trains
+    on the critic's values; both are off the device before the engine resumes; --num-critic-only-steps
+    skips the actor."""
+    import miles.ray.driver as driver
+
+    cfg = resolve_device(config(colocate=True, offload_train=True, offload_rollout=True, advantage_estimator="ppo",
+                                num_critic_only_steps=1), "cuda")
+    fake = _Recorder(with_critic=True)
+    monkeypatch.setattr(driver, "wait", lambda refs, what, timeout=None: refs)
+    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version: (fake.calls.append("update_weights"), (0.0, {}))[1])
+    assert driver._train(cfg, fake, None, 0)["critic/value_loss"] == 0.0
+    assert fake.calls == ["offload", "critic.onload", "critic.train", "critic.offload"]  # rollout 0: critic only
+    fake.calls.clear()
+    driver._train(cfg, fake, None, 1)
+    driver._sync_after_train(cfg, fake, version=2)
+    assert fake.calls == ["offload", "critic.onload", "critic.train", "critic.offload", "trainer.onload", "trainer.train(values)",
+                          "trainer.offload", "critic.offload", "onload(weights)", "update_weights", "onload(kv_cache,cuda_graph)"]
 
 
 def test_on_cpu_the_driver_makes_no_memory_calls(monkeypatch):

@@ -34,14 +34,14 @@ def test_megatron_backend_is_selected_by_name(monkeypatch):
     built = {}
 
     class MegatronTrainer:
-        def __init__(self, cfg, *, rank, world_size, device):
-            built.update(rank=rank, world_size=world_size, device=device)
+        def __init__(self, cfg, *, rank, world_size, device, role):
+            built.update(rank=rank, world_size=world_size, device=device, role=role)
 
     monkeypatch.setitem(sys.modules, "miles.backends.megatron", types.SimpleNamespace(MegatronTrainer=MegatronTrainer))
     cfg = EngineConfig()
     cfg.train.train_backend = "megatron"
     assert isinstance(make_backend(cfg, rank=1, world_size=2, device="cpu"), MegatronTrainer)
-    assert built == {"rank": 1, "world_size": 2, "device": "cpu"}
+    assert built == {"rank": 1, "world_size": 2, "device": "cpu", "role": "actor"}
 
 
 def test_missing_megatron_backend_is_a_user_error(monkeypatch):

@@ -1,4 +1,4 @@
-"""metrics.jsonl: one record per log call, appended across restarts, truncated at the resume step."""
+"""metrics.jsonl: one record per step (every log call of the step merged into it), appended across restarts, truncated at the resume step."""
 
 from __future__ import annotations
 
@@ -17,19 +17,41 @@ def _tracker(run_dir: Path, **kw) -> Tracker:
     return Tracker(TrackingConfig(), run_dir=run_dir, run_id="r", params={}, **kw)
 
 
-def test_one_record_per_log_call_with_exact_floats(run_dir: Path) -> None:
+def test_one_record_per_step_holding_every_log_call_of_it_with_exact_floats(run_dir: Path) -> None:
     t = _tracker(run_dir)
     x = 0.1 + 0.2  # 0.30000000000000004: must round-trip bit-exactly
     t.log({"rollout/raw_reward": x, "train/loss": float("nan")}, step=0)
-    t.log({"eval/arith/accuracy": 1}, step=0)
+    t.log({"eval/arith/accuracy": 1}, step=0)  # the same step: merged into its line
     t.log({"rollout/raw_reward": -1e-300}, step=7)
+    t.log({"perf/step_time": 2.5}, step=7)
     assert t.finish() == {}
     recs = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in recs] == [0, 0, 7]
-    assert recs[0]["rollout/raw_reward"] == x and math.isnan(recs[0]["train/loss"])
-    assert recs[1] == {"step": 0, "time": recs[1]["time"], "eval/arith/accuracy": 1.0}
-    assert recs[2]["rollout/raw_reward"] == -1e-300
-    assert recs[0]["time"] <= recs[1]["time"] <= recs[2]["time"]
+    assert [r["step"] for r in recs] == [0, 7]
+    assert recs[0]["rollout/raw_reward"] == x and math.isnan(recs[0]["train/loss"]) and recs[0]["eval/arith/accuracy"] == 1.0
+    assert recs[1] == {"step": 7, "time": recs[1]["time"], "rollout/raw_reward": -1e-300, "perf/step_time": 2.5}
+    assert recs[0]["time"] <= recs[1]["time"]
+
+
+def test_pandas_reads_one_full_row_per_step(run_dir: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    t = _tracker(run_dir)
+    for step in range(3):
+        t.log({"rollout/raw_reward": step / 10, "train/loss": 1.0}, step=step)
+        t.log({"perf/step_time": 1.0 + step}, step=step)
+    t.finish()
+    frame = pd.read_json(run_dir / "metrics.jsonl", lines=True)
+    assert list(frame["step"]) == [0, 1, 2] and not frame.isna().any().any()
+
+
+def test_a_step_begun_by_an_earlier_process_is_not_merged_into(run_dir: Path) -> None:
+    t = _tracker(run_dir)
+    t.log({"rollout/raw_reward": 0.5}, step=3)
+    t.finish("KILLED")
+    t = _tracker(run_dir)
+    t.log({"perf/step_time": 1.0}, step=3)
+    t.finish()
+    assert [sorted(r) for r in read_metrics(run_dir / "metrics.jsonl")] == [
+        ["rollout/raw_reward", "step", "time"], ["perf/step_time", "step", "time"]]
 
 
 def test_restart_appends_and_resume_drops_redone_steps(run_dir: Path) -> None:

@@ -106,3 +106,19 @@ def test_keys_mapping_to_the_same_mlflow_name_keep_the_first(mlflow_run_dir: Pat
     history = _client(mlflow_run_dir).get_metric_history(t.mlflow.run_id, "eval/a_b/acc")
     assert [(m.step, m.value) for m in history] == [(0, 1.0)]
     assert read_metrics(t.metrics_path)[0]["eval/a%b/acc"] == 2.0  # the JSONL record keeps both
+
+
+def test_the_plot_is_an_artifact_of_the_mlflow_run_kept_in_the_run_directory(mlflow_run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow's own default would put artifacts in ./mlruns of the working directory
+    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=mlflow_run_dir, run_id="run-art", params={})
+    t.log({"rollout/raw_reward": 0.5}, step=1)
+    plot = mlflow_run_dir / "curves.png"
+    plot.write_bytes(b"\x89PNG not really")
+    t.log_artifact(plot)
+    assert t.finish() == {}
+    client = _client(mlflow_run_dir)
+    run_id = (mlflow_run_dir / "mlflow_run_id.txt").read_text().strip()
+    assert [a.path for a in client.list_artifacts(run_id)] == ["curves.png"]
+    stored = list((mlflow_run_dir / "mlflow_artifacts").rglob("curves.png"))
+    assert len(stored) == 1 and stored[0].read_bytes() == plot.read_bytes()
+    assert not (tmp_path / "mlruns").exists()

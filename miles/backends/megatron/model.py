@@ -130,6 +130,33 @@ def build_model(shape: ModelShape, opts: ParallelOptions):
     return model
 
 
+class ValueHead(torch.nn.Linear):
+    """PPO critic's head in place of the last stage's `output_layer`: hidden -> 1, fp32, initialised like
+    the torch critic's (`init_value_head`: the same head on every rank and layout). It takes the output layer's call (`weight=`, `runtime_gather_output=` ignored)
+    and returns (values [s, b, 1], None). Replicated over TP ranks: its input (sequence parallel off) is
+    the full hidden state on each, so every TP rank computes the same values and gradients."""
+
+    def __init__(self, hidden_size: int, seed: int):
+        from miles.backends.torch.value_model import init_value_head
+
+        super().__init__(hidden_size, 1, bias=True, dtype=torch.float32)
+        init_value_head(self, seed)
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None):  # noqa: ARG002 - output layer's signature
+        return super().forward(hidden_states.float()), None
+
+
+def attach_value_head(model, shape: ModelShape, seed: int) -> None:
+    """Turn a loaded GPTModel piece into a critic's: the last stage's LM head becomes a `ValueHead`.
+    Untied from the embedding (a critic never ties them), so no embedding gradient is all-reduced
+    with it and its checkpoint keys are its own."""
+    model = _unwrap(model)  # the GPTModel inside --bf16's Float16Module
+    model.share_embeddings_and_output_weights = False
+    if model.post_process:
+        # In the model's dtype: under --bf16 the head's input is bf16 and its weights get fp32 main copies.
+        model.output_layer = ValueHead(shape.hidden_size, seed).to(next(model.parameters()).dtype)
+
+
 # --------------------------------------------------------------------------------------------------
 # Local parameter  <->  global megatron name
 

@@ -22,6 +22,10 @@ Checkpoints (`save_checkpoint` / `load_checkpoint`, collective): model + optimiz
 `dist_checkpointing` (torch_dist; each rank writes its own shards), and per rank a small file with
 the RNG states and the step counter. See checkpoint.py for the distributed-optimizer workarounds.
 
+`role="critic"` builds PPO's critic: the same GPTModel loaded from `--critic-load`, whose last-stage
+`output_layer` is then replaced by a scalar value head (`model.ValueHead`, untied from the embedding),
+so `values()` and the value loss run through the same schedule; it never sends weights to engines.
+
 Use: `MegatronTrainer(cfg, rank=r, world_size=w, device="cpu")` after `torch.distributed` is up.
 """
 
@@ -46,10 +50,11 @@ from miles.errors import UserError
 class MegatronTrainer(TrainerBackend):
     """The megatron-core backend; see the module docstring."""
 
-    def __init__(self, cfg, *, rank: int, world_size: int, device: str, init_checkpoint: str | None = None):
+    def __init__(self, cfg, *, rank: int, world_size: int, device: str, init_checkpoint: str | None = None,
+                 role: Literal["actor", "critic"] = "actor"):
         from miles.ckpt.megatron_compat import ensure_cpu_compat, quiet_megatron_import
 
-        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.cfg, self.rank, self.world_size, self.device, self.role = cfg, rank, world_size, device, role
         check_layout(cfg, world_size)
         check_hardware(cfg, cuda=device == "cuda")
         self.shape = mm.read_hf_config(cfg.rollout.hf_checkpoint)
@@ -70,9 +75,12 @@ class MegatronTrainer(TrainerBackend):
         if cfg.train.deterministic_mode:
             torch.use_deterministic_algorithms(True)
 
-        source = init_checkpoint or cfg.rollout.hf_checkpoint
+        source = init_checkpoint or (cfg.critic.critic_load if role == "critic" else cfg.rollout.hf_checkpoint)
         module = mm.build_model(self.shape, self.opts)
         mm.load_weights(module, source, self.shape)
+        if role == "critic":
+            # Before DDP and the optimizer, which must see its parameters.
+            mm.attach_value_head(module, self.shape, cfg.optimizer.seed)
         self.config = module.config
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=cfg.train.use_distributed_optimizer)
@@ -94,7 +102,7 @@ class MegatronTrainer(TrainerBackend):
             mm.load_weights(self.ref_model, cfg.ckpt.ref_load or source, self.shape)
             self.ref_model.eval().requires_grad_(False)
         self.num_steps = 0  # optimizer steps taken: the LR schedule's whole state
-        self.is_weight_source = dist.get_rank() == 0
+        self.is_weight_source = dist.get_rank() == 0 and role == "actor"
         self.sync_dtype = engine_dtype(cfg)
         """The dtype the engines hold their weights in: weights are cast to it before they travel."""
 
@@ -102,7 +110,7 @@ class MegatronTrainer(TrainerBackend):
     @property
     def uses_reference(self) -> bool:
         a = self.cfg.algo
-        return a.use_kl_loss or a.kl_coef != 0
+        return self.role == "actor" and (a.use_kl_loss or a.kl_coef != 0)
 
     @property
     def has_reference(self) -> bool:
@@ -138,6 +146,11 @@ class MegatronTrainer(TrainerBackend):
         vocab, temperature = self.shape.vocab_size, self.temperature
 
         def on_output(batch: PackedBatch, inputs: StreamInputs, output: torch.Tensor):
+            if self.role == "critic":  # output [b, s, 1]: the value head's, read at the log-prob positions
+                values = output[0 if inputs.seqs is None else inputs.seqs, inputs.rows, 0].float()
+                if loss_fn is None:
+                    return output.sum() * 0.0, {"values": values.detach()}
+                return loss_fn(batch, values, None)
             lp, ent = response_log_probs(output, inputs, vocab_size=vocab, temperature=temperature, with_entropy=with_entropy)
             if loss_fn is None:
                 return output.sum() * 0.0, {"log_probs": lp.detach(), "entropy": None if ent is None else ent.detach()}
@@ -179,9 +192,21 @@ class MegatronTrainer(TrainerBackend):
             ents = self._broadcast_from_last_stage([o["entropy"] for o in out] if out else [None] * len(batches), sizes)
         return lps, ents
 
+    def values(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
+        """The critic's values: one forward-only schedule; every PP stage gets the last stage's."""
+        if self.role != "critic":
+            return super().values(batches)
+        self.model.eval()
+        with torch.no_grad():
+            out = self._run(self.model, batches, forward_only=True, with_entropy=False)
+        sizes = [int(b.response_lengths.sum()) for b in batches]
+        return self._broadcast_from_last_stage([o["values"] for o in out] if out else [None] * len(batches), sizes)
+
     def forward(self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor",
                 with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """One forward-only schedule over all `batches`; every PP stage gets the last stage's results."""
+        if self.role == "critic":
+            raise RuntimeError("the critic has no log-probs; call values()")
         lps, ents = self._log_probs(batches, model=model, with_entropy=with_entropy)
         return list(zip(lps, ents if ents is not None else [None] * len(lps)))
 

@@ -21,6 +21,11 @@ around every forward, which runs matmuls in bf16 from the fp32 parameters (norms
 log-probs stay fp32; backward follows the forward's dtypes, so parameter gradients are fp32 and DDP
 reduces them in fp32). The log-probs are always computed in fp32 from the (bf16) logits.
 
+`role="critic"` builds PPO's critic instead (miles/backends/torch/value_model.py: the decoder of
+`--critic-load` with a scalar value head, no LM head and no reference model): `values()` gives its
+per-token values and `forward_backward` hands its loss function values in place of log-probs. A
+critic never sends weights to the engines.
+
 Use (in-process or inside a Ray actor):
 
     trainer = TorchBackend(cfg, rank=0, world_size=1, device="cpu")   # cfg: a resolved EngineConfig
@@ -83,7 +88,9 @@ def _sum_gradients_hook(process_group, bucket):
 class TorchBackend(TrainerBackend):
     """The torch training backend. See the module docstring for the step it runs."""
 
-    def __init__(self, cfg: "EngineConfig", *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(
+        self, cfg: "EngineConfig", *, rank: int = 0, world_size: int = 1, device: str = "cpu", role: Literal["actor", "critic"] = "actor"
+    ):
         from miles.algo.losses import get_loss_function
 
         if world_size > 1:
@@ -103,7 +110,8 @@ class TorchBackend(TrainerBackend):
         self.temperature = cfg.rollout.rollout_temperature
         self.device = device
         self.rank, self.world_size = rank, world_size
-        self.is_weight_source = rank == 0
+        self.role = role
+        self.is_weight_source = rank == 0 and role == "actor"
         self.bf16 = cfg.train.bf16
         self.sync_dtype = engine_dtype(cfg)
         """The dtype the engines hold their weights in: weights are cast to it before they travel."""
@@ -116,13 +124,19 @@ class TorchBackend(TrainerBackend):
             from miles.backends.torch.fsdp import ensure_process_group
 
             ensure_process_group(device)
-        self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
-        if cfg.train.recompute_granularity == "full":
-            # Each decoder layer's activations are recomputed in backward (non-reentrant checkpoint:
-            # works under FSDP2 and DDP, and the recomputed forward runs the same kernels).
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if role == "critic":
+            from miles.backends.torch.value_model import ValueModel
+
+            self.model = ValueModel.from_pretrained(cfg.critic.critic_load, device, seed=cfg.optimizer.seed)
+            self.net = self.model  # already takes the layout's inputs and returns [R] values
+        else:
+            self.model = _load_causal_lm(cfg.rollout.hf_checkpoint, device)
+            self.net = ResponseLogits(self.model)
+            if cfg.train.recompute_granularity == "full":
+                # Each decoder layer's activations are recomputed in backward (non-reentrant checkpoint:
+                # works under FSDP2 and DDP, and the recomputed forward runs the same kernels).
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        self.net = ResponseLogits(self.model)
         self.train_net: torch.nn.Module = self.net
         if self.fsdp:
             from miles.backends.torch.fsdp import shard_response_logits
@@ -153,7 +167,7 @@ class TorchBackend(TrainerBackend):
     @property
     def uses_reference(self) -> bool:
         """A frozen reference model is loaded when a KL term needs its log-probs."""
-        return self.algo_cfg.use_kl_loss or self.algo_cfg.kl_coef != 0
+        return self.role == "actor" and (self.algo_cfg.use_kl_loss or self.algo_cfg.kl_coef != 0)
 
     @property
     def has_reference(self) -> bool:
@@ -180,6 +194,8 @@ class TorchBackend(TrainerBackend):
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per batch, log-probs [R] (and entropy [R]) of its response tokens, no grad, at the rollout
         temperature; each batch is one forward."""
+        if self.role == "critic":
+            raise RuntimeError("the critic has no log-probs; call values()")
         net = self.net if model == "actor" else self.ref_net
         if net is None:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
@@ -189,6 +205,14 @@ class TorchBackend(TrainerBackend):
                 lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
             out.append((lp.detach(), None if ent is None else ent.detach()))
         return out
+
+    def values(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
+        if self.role != "critic":
+            return super().values(batches)
+        from miles.backends.torch.value_model import response_values
+
+        with torch.no_grad(), self._compute():
+            return [response_values(self.net, b).float().detach() for b in batches]
 
     # ----------------------------------------------------------------------------------------------
     def forward_backward(self, batches: list[PackedBatch], loss_fn: LossFn, *, with_entropy: bool, entropy_grad: bool) -> None:
@@ -201,6 +225,11 @@ class TorchBackend(TrainerBackend):
             ddp = self.world_size > 1 and not self.fsdp
             sync = self.train_net.no_sync() if ddp and k < last else contextlib.nullcontext()
             with sync, self._compute():
+                if self.role == "critic":
+                    from miles.backends.torch.value_model import response_values
+
+                    loss_fn(batch, response_values(self.train_net, batch), None).backward()
+                    continue
                 log_probs, entropy = response_log_probs(
                     self.train_net, batch, temperature=self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
                 )

@@ -36,13 +36,15 @@ from typing import Any
 from miles.ckpt.convert import bytecopy
 from miles.ckpt.convert.families import ModelShape, validate_megatron_args
 from miles.ckpt.convert.hf_io import HF_ASSET_FILES, INDEX, HFReader, ShardedSafetensorsWriter, read_hf_config
+from miles.ckpt.convert import trainer_dcp
 from miles.ckpt.convert.layout import hf_shapes, megatron_shapes
+from miles.ckpt.convert.locate import ASSETS_DIR, find_origin, locate_checkpoint
+from miles.ckpt.convert.torch_format import numel
 from miles.ckpt.convert.mapping import megatron_to_hf, row_blocks, rules_for, split_blocks
-from miles.ckpt.convert.torch_dist import TRACKER, PlannedTensor, TorchDistReader, resolve_checkpoint_dir, save_torch_dist
+from miles.ckpt.convert.torch_dist import TRACKER, PlannedTensor, TorchDistReader, save_torch_dist
 from miles.config.convert import ConvertOptions
 from miles.errors import UserError
 
-ASSETS_DIR = "hf_assets"
 RECORD = "miles_convert.json"
 
 
@@ -183,10 +185,18 @@ def _hf_to_torch_dist(src: Path, tmp: Path, opts: ConvertOptions, progress: bool
 
 
 def _torch_dist_to_hf(load: Path, tmp: Path, opts: ConvertOptions, progress: bool) -> None:
-    ckpt = resolve_checkpoint_dir(load)
-    origin = Path(opts.origin_hf_dir) if opts.origin_hf_dir else load / ASSETS_DIR
+    located = locate_checkpoint(load, opts.ckpt_step)
+    origin = find_origin(load, located, opts.origin_hf_dir)
     if not (origin / "config.json").is_file():
-        raise UserError(f"--load {load} records no HF config (no {ASSETS_DIR}/config.json); pass --origin-hf-dir with the HF model it came from.", option="--origin-hf-dir")
+        raise UserError(f"--origin-hf-dir {origin} has no config.json; pass the Hugging Face model the checkpoint came from.", option="--origin-hf-dir")
+    if located.kind == "torch":
+        planned = trainer_dcp.plan(located.directory, read_hf_config(origin))
+        total = sum(numel(shp) * dtype.itemsize for _, shp, dtype in planned)
+        with _progress(progress, f"{located.directory.name} -> {Path(opts.save).name}", len(planned), total) as advance:
+            trainer_dcp.write_hf_weights(located.directory, tmp, planned, opts.chunk_size, advance)
+        _copy_assets(origin, tmp)
+        return
+    ckpt = located.directory
     shape = _shape(origin, opts)
     rules = rules_for(shape)
     with TorchDistReader(ckpt, shape) as reader:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import pickle
 import struct
 import zlib
@@ -470,16 +471,26 @@ def _zip64_fields(extra: bytes, usize: int, csize: int, local: int) -> tuple[int
 # safetensors headers
 
 
+SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' MAX_HEADER_SIZE
+
+
 def safetensors_header(path) -> tuple[dict[str, dict], int]:
     """The header of a safetensors file (name -> {dtype, shape, data_offsets}) and where its data starts."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
             raise ValueError(f"{path} is too short to be a safetensors file")
         (n,) = struct.unpack("<Q", head)
+        # The bound the safetensors library enforces, and the file's own size: a length read from a
+        # file that is not safetensors must not become an allocation of that many bytes.
+        if n > min(SAFETENSORS_MAX_HEADER, size - 8):
+            raise ValueError(f"its first 8 bytes give a header of {n} bytes, more than the file holds or safetensors allows, so it is not a safetensors file")
         raw = f.read(n)
     if len(raw) != n:
         raise ValueError(f"{path}: the header is cut short")
     header = json.loads(raw)
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object, so it is not a safetensors file")
     header.pop("__metadata__", None)
     return header, 8 + n
