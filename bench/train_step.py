@@ -11,6 +11,9 @@ any trainer can do per step, so the ratio is our overhead:
   old log-probs) adds the entropy of every response position (a reported metric).
 
 A second baseline row uses fused AdamW too, to separate the optimizer's share of the difference.
+A last row runs the `sft_loss` step with `--bf16` (autocast bf16 matmuls, fp32 master weights): its
+tokens/s over the fp32 row is the bf16/fp32 ratio on this machine (on a CPU without bf16 matrix
+units it can be below 1; on GPUs bf16 is the fast path).
 
 Throughput counts every token of the batch (prompt + response) per second of train step.
 
@@ -78,7 +81,7 @@ def baseline_step_fn(hf_dir: str, data: dict, lr: float, fused: bool = False):
     return step
 
 
-def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_batch_size: int):
+def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_batch_size: int, bf16: bool = False):
     from miles.backends.torch import TorchBackend
     from miles.train.step import train_rollout
     from miles.config.algo import AlgoConfig
@@ -88,6 +91,7 @@ def trainer_step_fn(hf_dir: str, data: dict, lr: float, loss_type: str, micro_ba
     cfg = EngineConfig()
     cfg.rollout.hf_checkpoint = hf_dir
     cfg.train.micro_batch_size = micro_batch_size
+    cfg.train.bf16 = bf16
     cfg.data.num_steps_per_rollout = 1
     cfg.optimizer = OptimizerConfig(lr=lr, seed=0)
     cfg.algo = AlgoConfig(loss_type=loss_type, eps_clip_high=0.2)
@@ -127,6 +131,7 @@ def main() -> None:
         }
         for loss_type in ("sft_loss", "policy_loss"):
             runners[f"TorchBackend {loss_type}, micro-batch {mbs}"] = trainer_step_fn(hf_dir, data, 1e-4, loss_type, mbs)
+        runners[f"TorchBackend sft_loss, micro-batch {mbs}, --bf16"] = trainer_step_fn(hf_dir, data, 1e-4, "sft_loss", mbs, bf16=True)
         times: dict[str, list[float]] = {name: [] for name in runners}
         # Interleaved rounds: a load change on a shared machine hits every contender alike.
         for round_ in range(args.steps + 1):
@@ -149,10 +154,11 @@ def main() -> None:
         import json
         from pathlib import Path
 
-        sft, pol = base / rows[1][1], base / rows[2][1]
+        sft, pol, sft16 = (rows[2][1], rows[3][1], rows[4][1])  # step seconds, in the order of `runners`
         Path(args.json).write_text(json.dumps({"bench": "train_step", "rows": [
-            {"what": "train step (sft_loss) vs plain HF loop", "value": sft, "unit": "x HF loop", "goal": ">= 1", "met": sft >= 1},
-            {"what": "train step (policy_loss, + old log-probs) vs HF loop", "value": pol, "unit": "x HF loop", "goal": "", "met": None},
+            {"what": "train step (sft_loss) vs plain HF loop", "value": base / sft, "unit": "x HF loop", "goal": ">= 1", "met": base / sft >= 1},
+            {"what": "train step (policy_loss, + old log-probs) vs HF loop", "value": base / pol, "unit": "x HF loop", "goal": "", "met": None},
+            {"what": "train step tokens/s, --bf16 / fp32 (sft_loss, this CPU)", "value": sft / sft16, "unit": "x fp32", "goal": "", "met": None},
         ]}, indent=2))
 
 

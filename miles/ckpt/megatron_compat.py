@@ -205,6 +205,11 @@ def _training_patches() -> list[tuple[str, str, Any]]:
     build = dist_opt.__dict__["_build_model_and_main_param_groups"]
     out.append(("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer", "_build_model_and_main_param_groups",
                 type(build)(_with_cuda_type_names(build.__func__))))  # keep it a classmethod/staticmethod
+    # --bf16 without the distributed optimizer: the same param.type() test picks which parameters get
+    # fp32 main copies.
+    f16 = importlib.import_module("megatron.core.optimizer.optimizer").Float16OptimizerWithFloat16Params
+    out.append(("megatron.core.optimizer.optimizer.Float16OptimizerWithFloat16Params", "__init__",
+                _with_cuda_type_names(f16.__dict__["__init__"])))
     # Activation recompute (--recompute-granularity) saves and restores "the CUDA generator" around
     # every checkpointed block (tensor_parallel.random.CheckpointFunction). A CPU build has none: the
     # CPU generator, which megatron saves and restores next to it, is the only one that draws.

@@ -176,8 +176,11 @@ def _check_megatron(cfg: EngineConfig) -> None:
     """The megatron options only apply with --train-backend megatron; their layout is checked there."""
     t = cfg.train
     if t.train_backend != "megatron":
+        _require(t.recompute_granularity != "selective",
+                 "--recompute-granularity selective applies only to --train-backend megatron; the torch backends "
+                 "recompute whole decoder layers: use --recompute-granularity full.", "--recompute-granularity")
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel", "recompute_method",
                      "recompute_num_layers", "use_distributed_optimizer", "transformer_impl", "fp8_format", "attention_backend",
                      "optimizer_cpu_offload"):
             flag = "--" + name.replace("_", "-")

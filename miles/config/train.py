@@ -66,7 +66,9 @@ class TrainConfig:
         "TransformerEngine or Apex norms, i.e. a GPU).",
     )
     recompute_granularity: Literal["full", "selective"] | None = option(
-        None, help="Megatron: recompute activations in backward instead of storing them: full layers or only the attention core; unset = store all."
+        None, help="Recompute activations in backward instead of storing them: full layers or (megatron only) only the "
+        "attention core; unset = store all. On --train-backend torch/fsdp, full is Hugging Face gradient checkpointing "
+        "of every decoder layer."
     )
     recompute_method: Literal["uniform", "block"] | None = option(
         None, help="Megatron, with --recompute-granularity full: recompute uniform groups of layers or the first N layers of each stage."

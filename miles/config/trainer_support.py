@@ -37,14 +37,6 @@ class Gap:
 ALL = ("torch", "fsdp", "megatron")
 
 GAPS: tuple[Gap, ...] = (
-    Gap("bf16", bool, ALL,
-        "both trainers train in fp32: the torch backend loads fp32 weights and megatron builds its optimizer with bf16=False",
-        "megatron-core mixed precision (bf16 params, fp32 main params and grads, distributed optimizer) and an FSDP2 "
-        "MixedPrecisionPolicy on the torch backends, with weights sent to engines in the engine's dtype"),
-    Gap("use_dynamic_batch_size", bool, ALL,
-        "micro-batches are cut by sample count only (miles/train/batching.py, cut_micro_batches)",
-        "token-budget micro-batches of --max-tokens-per-gpu, length-balanced over the data-parallel ranks, each rank "
-        "sent only its shard"),
     Gap("context_parallel_size", lambda v: v > 1, ("megatron",),
         "the megatron forward does not split the packed sequences over context-parallel ranks",
         "CP sharding of the packed stream with PackedSeqParams (TransformerEngine attention) and CP-aware log-probs",

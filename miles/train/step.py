@@ -4,7 +4,9 @@
 What `train_rollout(backend, train_data, rollout_id=...)` does, in upstream miles' order:
 
 1. cut the rollout into `--num-steps-per-rollout` optimizer steps of `--global-batch-size` samples;
-   this data-parallel rank takes its slice of each step, in micro-batches (`batching.plan_steps`),
+   this data-parallel rank takes its share of each step, in micro-batches of `--micro-batch-size`
+   samples or, with `--use-dynamic-batch-size`, of at most `--max-tokens-per-gpu` tokens, balanced
+   over the ranks by length (`batching.plan_steps`),
    each packed once into a `PackedBatch` (`packing.pack_samples`);
 2. old/reference log-probs, critic values, advantages and returns (`inputs.fill_policy_inputs`; not
    for `--loss-type sft_loss`). All log-probs are of `logits / --rollout-temperature`, as the rollout
@@ -132,6 +134,8 @@ def plan_and_pack(backend: TrainerBackend, train_data: TrainData) -> tuple[list[
         micro_batch_size=cfg.train.micro_batch_size,
         dp_rank=backend.dp_rank,
         dp_world_size=backend.dp_size,
+        lengths=[len(t) for t in train_data["tokens"]],
+        max_tokens_per_gpu=cfg.train.max_tokens_per_gpu if cfg.train.use_dynamic_batch_size else None,
     )
     return plans, [[pack_samples(train_data, mb, backend.device) for mb in p.micro_batches] for p in plans]
 

@@ -36,9 +36,11 @@ def spawn(world_size: int, hf_dir: str, out_dir: str, **kwargs) -> None:
     assert [p.exitcode for p in procs] == [0] * world_size, "a data-parallel rank failed; see its traceback above"
 
 
-def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str, train_backend: str = "torch", buckets: bool = False) -> None:
-    """Both runs in one process group: straight (into out_dir/straight) then with a checkpoint half
-    way (out_dir/resumed, checkpoint in out_dir/resumed/ckpt)."""
+def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str, train_backend: str = "torch",
+             buckets: bool = False, max_tokens_per_gpu: int | None = None, resume: bool = True) -> None:
+    """Both runs in one process group: straight (into out_dir/straight) then, with `resume`, with a
+    checkpoint half way (out_dir/resumed, checkpoint in out_dir/resumed/ckpt). `max_tokens_per_gpu`:
+    token-budget micro-batches (--use-dynamic-batch-size) instead of 2 samples each."""
     import torch
     import torch.distributed as dist
 
@@ -46,11 +48,13 @@ def run_rank(rank: int, world_size: int, port: int, hf_dir: str, out_dir: str, t
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
     try:
-        for name, checkpoint_dir in (("straight", None), ("resumed", f"{out_dir}/resumed/ckpt")):
+        runs = (("straight", None), ("resumed", f"{out_dir}/resumed/ckpt"))
+        for name, checkpoint_dir in runs if resume else runs[:1]:
             run_dir = f"{out_dir}/{name}"
             os.makedirs(run_dir, exist_ok=True)
             trainer, losses, norms = train_reference_rollouts(
-                hf_dir, rank=rank, world_size=world_size, checkpoint_dir=checkpoint_dir, train_backend=train_backend
+                hf_dir, rank=rank, world_size=world_size, checkpoint_dir=checkpoint_dir, train_backend=train_backend,
+                max_tokens_per_gpu=max_tokens_per_gpu,
             )
             weights = full_weights(trainer)  # a collective under FSDP: every rank
             if rank == 0:
@@ -97,7 +101,7 @@ def write_buckets_and_export(trainer, hf_dir: str, rank: int, run_dir: str) -> N
         trainer.weights_checksum()  # a collective too
 
 
-def make_backend(hf_dir: str, rank: int, world_size: int, train_backend: str = "torch"):
+def make_backend(hf_dir: str, rank: int, world_size: int, train_backend: str = "torch", max_tokens_per_gpu: int | None = None):
     from backend_fixtures import make_engine_cfg
 
     from miles.backends.torch import TorchBackend
@@ -115,11 +119,14 @@ def make_backend(hf_dir: str, rank: int, world_size: int, train_backend: str = "
         temperature=0.8, lr=1e-2, weight_decay=0.1, lr_warmup_iters=2,
     )
     cfg.train.train_backend = train_backend
+    cfg.train.use_dynamic_batch_size = max_tokens_per_gpu is not None
+    cfg.train.max_tokens_per_gpu = max_tokens_per_gpu
     return TorchBackend(cfg, rank=rank, world_size=world_size, device="cpu")
 
 
 def train_reference_rollouts(
-    hf_dir: str, *, rank: int = 0, world_size: int = 1, checkpoint_dir: str | None = None, train_backend: str = "torch"
+    hf_dir: str, *, rank: int = 0, world_size: int = 1, checkpoint_dir: str | None = None, train_backend: str = "torch",
+    max_tokens_per_gpu: int | None = None,
 ):
     """ROLLOUTS rollouts of 8 samples, one optimizer step each (micro-batch 2), policy + KL + entropy
     loss with whitened advantages. With `checkpoint_dir`, the trainer is saved after half of them and
@@ -129,12 +136,12 @@ def train_reference_rollouts(
 
     from miles.train.step import train_rollout
 
-    trainer = make_backend(hf_dir, rank, world_size, train_backend)
+    trainer = make_backend(hf_dir, rank, world_size, train_backend, max_tokens_per_gpu)
     losses, norms = [], []
     for rollout_id in range(ROLLOUTS):
         if checkpoint_dir and rollout_id == ROLLOUTS // 2:
             trainer.save_checkpoint(checkpoint_dir)
-            trainer = make_backend(hf_dir, rank, world_size, train_backend)
+            trainer = make_backend(hf_dir, rank, world_size, train_backend, max_tokens_per_gpu)
             trainer.load_checkpoint(checkpoint_dir)
         data = make_train_data(8, seed=200 + rollout_id)
         data["rewards"] = [r * (1 + i % 3) for i, r in enumerate(data["rewards"])]  # uneven, so whitening matters

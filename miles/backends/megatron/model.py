@@ -45,6 +45,11 @@ def padded_vocab_size(vocab: int, tp: int) -> int:
     return -(-vocab // tp) * tp
 
 
+def param_dtype(opts: ParallelOptions) -> torch.dtype:
+    """The dtype of the model's parameters (the optimizer's fp32 main copy aside)."""
+    return torch.bfloat16 if opts.bf16 else torch.float32
+
+
 def transformer_config(shape: ModelShape, opts: ParallelOptions):
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -76,7 +81,8 @@ def transformer_config(shape: ModelShape, opts: ParallelOptions):
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0,
-        params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        # --bf16: megatron-core's mixed precision; the optimizer keeps fp32 main params (trainer.py).
+        bf16=opts.bf16, params_dtype=param_dtype(opts), pipeline_dtype=param_dtype(opts),
         tensor_model_parallel_size=opts.tensor_model_parallel_size,
         pipeline_model_parallel_size=opts.pipeline_model_parallel_size,
         context_parallel_size=opts.context_parallel_size,
@@ -91,7 +97,9 @@ def transformer_config(shape: ModelShape, opts: ParallelOptions):
 
 
 def build_model(shape: ModelShape, opts: ParallelOptions):
-    """This rank's GPTModel piece (parallel state must be initialised), fp32, local layer spec."""
+    """This rank's GPTModel piece (parallel state must be initialised), local layer spec; fp32, or
+    with --bf16 bf16 parameters inside megatron-core's `Float16Module` (which hands the last stage's
+    logits back in fp32)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -107,7 +115,7 @@ def build_model(shape: ModelShape, opts: ParallelOptions):
     else:
         spec = get_gpt_layer_local_spec(num_experts=shape.num_experts or None, moe_grouped_gemm=False,
                                         qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
-    return GPTModel(
+    model = GPTModel(
         config, spec, vocab_size=padded_vocab_size(shape.vocab_size, opts.tensor_model_parallel_size),
         max_sequence_length=opts.max_sequence_length, pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(), position_embedding_type="rope",
@@ -115,6 +123,11 @@ def build_model(shape: ModelShape, opts: ParallelOptions):
         # Full-vocabulary logits on every TP rank: the log-prob/entropy code stays backend-agnostic.
         parallel_output=False,
     )
+    if opts.bf16:
+        from megatron.core.transformer.module import Float16Module
+
+        return Float16Module(config, model)
+    return model
 
 
 class ValueHead(torch.nn.Linear):
@@ -137,9 +150,11 @@ def attach_value_head(model, shape: ModelShape, seed: int) -> None:
     """Turn a loaded GPTModel piece into a critic's: the last stage's LM head becomes a `ValueHead`.
     Untied from the embedding (a critic never ties them), so no embedding gradient is all-reduced
     with it and its checkpoint keys are its own."""
+    model = _unwrap(model)  # the GPTModel inside --bf16's Float16Module
     model.share_embeddings_and_output_weights = False
     if model.post_process:
-        model.output_layer = ValueHead(shape.hidden_size, seed)
+        # In the model's dtype: under --bf16 the head's input is bf16 and its weights get fp32 main copies.
+        model.output_layer = ValueHead(shape.hidden_size, seed).to(next(model.parameters()).dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -167,7 +182,10 @@ def _num_experts(model) -> int:
 
 
 def _unwrap(model):
-    return model.module if hasattr(model, "module") and not hasattr(model, "decoder") else model
+    """The GPTModel inside megatron's DDP and/or Float16Module wrappers."""
+    while hasattr(model, "module") and not hasattr(model, "decoder"):
+        model = model.module
+    return model
 
 
 def named_local_params(model) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -335,11 +353,15 @@ def iter_full_megatron_tensors(model, shape: ModelShape, rules: list[Rule] | Non
         elif stage == pp_rank:
             full = gather_full(name, params[name], shape.vocab_size)
         else:
-            full = torch.empty(shapes[name], dtype=torch.float32)
+            full = torch.empty(shapes[name], dtype=_dtype_of(params))
         if pp > 1:
             group = ps.get_pipeline_model_parallel_group()
             dist.broadcast(full, src=dist.get_global_rank(group, stage), group=group)
         yield name, full
+
+
+def _dtype_of(params: dict) -> torch.dtype:
+    return next(iter(params.values())).dtype
 
 
 def _gather_expert(name: str, params: dict, shape: ModelShape, stage: int, pp_rank: int) -> torch.Tensor:
@@ -350,7 +372,7 @@ def _gather_expert(name: str, params: dict, shape: ModelShape, stage: int, pp_ra
     e = _EXPERT.match(name)
     num_local = shape.num_experts // ps.get_expert_model_parallel_world_size()
     owner = int(e[2]) // num_local
-    full = gather_full(name, params[name], shape.vocab_size) if name in params else torch.empty(shapes[name])
+    full = gather_full(name, params[name], shape.vocab_size) if name in params else torch.empty(shapes[name], dtype=_dtype_of(params))
     if stage == pp_rank:
         group = ps.get_expert_model_parallel_group()
         dist.broadcast(full, src=dist.get_global_rank(group, owner), group=group)

@@ -34,6 +34,7 @@ class ParallelOptions:
     fp8_format: str | None = None
     attention_backend: str = "auto"
     max_sequence_length: int = 4096
+    bf16: bool = False
 
 
 def options_from_config(cfg) -> ParallelOptions:
@@ -50,6 +51,7 @@ def options_from_config(cfg) -> ParallelOptions:
         transformer_impl=t.transformer_impl,
         fp8_format=t.fp8_format,
         attention_backend=t.attention_backend,
+        bf16=t.bf16,
     )
 
 

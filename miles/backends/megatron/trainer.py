@@ -2,7 +2,10 @@
 
 What one rank holds: its piece of a `GPTModel` built from the recipe's HF `config.json` (model.py),
 wrapped in megatron-core's `DistributedDataParallel`, and the optimizer from `get_megatron_optimizer`
-(Adam, fp32; `--use-distributed-optimizer` shards its state over DP). Every forward goes through
+(Adam with fp32 state; `--use-distributed-optimizer` shards it over DP). `--bf16` is megatron-core's
+own mixed precision: bf16 parameters in a `Float16Module`, gradients accumulated and reduced in fp32
+(`grad_reduce_in_fp32`), and an optimizer that steps fp32 main copies of the parameters and writes
+them back as bf16 (`Float16OptimizerWithFloat16Params`, or the distributed optimizer's fp32 shards). Every forward goes through
 megatron-core's own schedule (`get_forward_backward_func`: no pipelining, or 1F1B over PP stages),
 on packed micro-batches (forward.py). On a machine without CUDA it runs over gloo through the
 patches of `miles.ckpt.megatron_compat`.
@@ -38,6 +41,7 @@ import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
 from miles.backends.megatron import model as mm
+from miles.backends.precision import engine_dtype
 from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
 from miles.backends.megatron.parallel import check_hardware, check_layout, check_model, init_parallel, options_from_config
 from miles.errors import UserError
@@ -86,8 +90,8 @@ class MegatronTrainer(TrainerBackend):
             raise UserError(f"--optimizer {o.optimizer!r} is not available; use adam.", option="--optimizer")
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
-                            adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=False, fp16=False,
-                            params_dtype=torch.float32, use_distributed_optimizer=cfg.train.use_distributed_optimizer),
+                            adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=self.opts.bf16, fp16=False,
+                            params_dtype=mm.param_dtype(self.opts), use_distributed_optimizer=cfg.train.use_distributed_optimizer),
             [self.model])
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
@@ -99,6 +103,8 @@ class MegatronTrainer(TrainerBackend):
             self.ref_model.eval().requires_grad_(False)
         self.num_steps = 0  # optimizer steps taken: the LR schedule's whole state
         self.is_weight_source = dist.get_rank() == 0 and role == "actor"
+        self.sync_dtype = engine_dtype(cfg)
+        """The dtype the engines hold their weights in: weights are cast to it before they travel."""
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -292,12 +298,12 @@ class MegatronTrainer(TrainerBackend):
 
     # ----------------------------------------------------------------------------------------------
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective: (HF name, full tensor) for every weight, in the rule tables' order."""
+        """Collective: (HF name, full tensor in the engines' dtype) for every weight, in the rule tables' order."""
         from miles.ckpt.convert.mapping import megatron_to_hf, rules_for
 
         rules = {r.megatron: r for r in rules_for(self.shape)}
         for name, full in mm.iter_full_megatron_tensors(self.model, self.shape):
-            yield from zip(rules[name].hf, megatron_to_hf(rules[name], full, self.shape))
+            yield from ((n, t.to(self.sync_dtype)) for n, t in zip(rules[name].hf, megatron_to_hf(rules[name], full, self.shape)))
 
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Collective. Bucket boundaries come from the HF shapes in the config, so every rank plans the
@@ -312,7 +318,7 @@ class MegatronTrainer(TrainerBackend):
         groups: list[list] = [[]]
         size = 0
         for r in rules:
-            nbytes = sum(math.prod(shapes[n]) * 4 for n in r.hf)
+            nbytes = sum(math.prod(shapes[n]) * self.sync_dtype.itemsize for n in r.hf)
             if groups[-1] and size + nbytes > bucket_bytes:
                 groups.append([])
                 size = 0
@@ -323,7 +329,7 @@ class MegatronTrainer(TrainerBackend):
             for name, full in mm.iter_full_megatron_tensors(self.model, self.shape, group):
                 rule = next(r for r in group if r.megatron == name)
                 if self.is_weight_source:
-                    bucket.extend(zip(rule.hf, megatron_to_hf(rule, full.clone(), self.shape)))
+                    bucket.extend((n, t.to(self.sync_dtype)) for n, t in zip(rule.hf, megatron_to_hf(rule, full.clone(), self.shape)))
             yield bucket
 
     def weights_checksum(self) -> str:

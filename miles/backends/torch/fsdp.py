@@ -57,19 +57,24 @@ def decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_response_logits(net: torch.nn.Module, device: str) -> None:
+def shard_response_logits(net: torch.nn.Module, device: str, *, bf16: bool = False) -> None:
     """Apply `fully_shard` to every decoder layer of `net.lm`, then to `net` (the root), in place.
+
+    `bf16`: FSDP2's mixed precision (bf16 compute from the fp32 shards, gradients reduced in fp32);
+    the sharded parameters, their gradients and the optimizer state stay fp32.
 
     The root must be the module whose forward the trainer calls (`ResponseLogits`, which calls the
     decoder and the LM head itself), so that FSDP's root hooks unshard the embeddings and the head.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (dist.get_world_size(),))
+    # The default policy casts nothing: the fp32 path stays what it was without a policy.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for layer in decoder_layers(net.lm):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(net, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(net, mesh=mesh, mp_policy=mp)
     for module in net.modules():
         if isinstance(module, FSDPModule):
             # Sum, not mean (see the module docstring); force_sum keeps it one plain SUM collective,

@@ -14,6 +14,13 @@ The caller (`miles.ray.train_group.TrainWorker`) initialises `torch.distributed`
 rank) and passes the same full `train_data` to every rank; each rank trains on its own shard.
 Checkpoints are per rank (`save_checkpoint`/`load_checkpoint`, torch.distributed.checkpoint).
 
+`--bf16` (mixed precision; parameters, gradients and AdamW state stay fp32, so the optimizer updates
+fp32 master weights): under FSDP2 by its `MixedPrecisionPolicy` (each layer's weights all-gathered
+as bf16, gradients reduce-scattered in fp32); under DDP or one worker by `torch.autocast(bfloat16)`
+around every forward, which runs matmuls in bf16 from the fp32 parameters (norms, softmax and the
+log-probs stay fp32; backward follows the forward's dtypes, so parameter gradients are fp32 and DDP
+reduces them in fp32). The log-probs are always computed in fp32 from the (bf16) logits.
+
 `role="critic"` builds PPO's critic instead (miles/backends/torch/value_model.py: the decoder of
 `--critic-load` with a scalar value head, no LM head and no reference model): `values()` gives its
 per-token values and `forward_backward` hands its loss function values in place of log-probs. A
@@ -38,6 +45,7 @@ import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
 from miles.backends.torch.fsdp import full_tensor
+from miles.backends.precision import compute_context, engine_dtype
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
 from miles.backends.torch.optim import StepCounter, build_optimizer
 from miles.backends.torch.rng import seed_everything
@@ -104,6 +112,9 @@ class TorchBackend(TrainerBackend):
         self.rank, self.world_size = rank, world_size
         self.role = role
         self.is_weight_source = rank == 0 and role == "actor"
+        self.bf16 = cfg.train.bf16
+        self.sync_dtype = engine_dtype(cfg)
+        """The dtype the engines hold their weights in: weights are cast to it before they travel."""
 
         seed_everything(cfg.optimizer.seed, deterministic=cfg.train.deterministic_mode)
         self.fsdp = cfg.train.train_backend == "fsdp"
@@ -128,12 +139,16 @@ class TorchBackend(TrainerBackend):
 
                 self.peft = attach_lora(self.model, cfg)
             self.net = ResponseLogits(self.model)
+            if cfg.train.recompute_granularity == "full":
+                # Each decoder layer's activations are recomputed in backward (non-reentrant checkpoint:
+                # works under FSDP2 and DDP, and the recomputed forward runs the same kernels).
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.train_net: torch.nn.Module = self.net
         if self.fsdp:
             from miles.backends.torch.fsdp import shard_response_logits
 
-            shard_response_logits(self.net, device)  # in place: self.net is the FSDP root
+            shard_response_logits(self.net, device, bf16=self.bf16)  # in place: self.net is the FSDP root
         elif world_size > 1:
             # broadcast_buffers=False: the only buffers are rotary tables, identical on every rank.
             self.train_net = torch.nn.parallel.DistributedDataParallel(self.net, broadcast_buffers=False)
@@ -147,8 +162,10 @@ class TorchBackend(TrainerBackend):
             if self.fsdp:
                 from miles.backends.torch.fsdp import shard_response_logits
 
-                shard_response_logits(self.ref_net, device)
+                shard_response_logits(self.ref_net, device, bf16=self.bf16)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        # FSDP's policy casts inside the sharded modules; autocast would only cast them again.
+        self._compute = lambda: compute_context(device, bf16=self.bf16 and not self.fsdp)
         self.steps = StepCounter()
         # Resolved once here so a bad --custom-loss-function-path fails at start-up, not mid-step.
         get_loss_function(cfg.algo)
@@ -195,7 +212,7 @@ class TorchBackend(TrainerBackend):
         out = []
         with self._adapters_off() if base_only else contextlib.nullcontext():
             for batch in batches:
-                with torch.no_grad():
+                with torch.no_grad(), self._compute():
                     lp, ent = response_log_probs(net, batch, temperature=self.temperature, with_entropy=with_entropy)
                 out.append((lp.detach(), None if ent is None else ent.detach()))
         return out
@@ -205,8 +222,8 @@ class TorchBackend(TrainerBackend):
             return super().values(batches)
         from miles.backends.torch.value_model import response_values
 
-        with torch.no_grad():
-            return [response_values(self.net, b).detach() for b in batches]
+        with torch.no_grad(), self._compute():
+            return [response_values(self.net, b).float().detach() for b in batches]
 
     def _adapters_off(self):
         from miles.backends.torch.lora import adapters_disabled
@@ -223,7 +240,7 @@ class TorchBackend(TrainerBackend):
             # backward. FSDP reduce-scatters every micro-batch, so no rank ever holds a full gradient.
             ddp = self.world_size > 1 and not self.fsdp
             sync = self.train_net.no_sync() if ddp and k < last else contextlib.nullcontext()
-            with sync:
+            with sync, self._compute():
                 if self.role == "critic":
                     from miles.backends.torch.value_model import response_values
 
@@ -294,15 +311,16 @@ class TorchBackend(TrainerBackend):
         checkpoint.load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.steps, rank=self.rank, adapter_only=self.peft is not None)
 
     # ----------------------------------------------------------------------------------------------
-    def named_weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, full tensor) for every weight, each parameter once (a tied lm_head is
-        skipped, as in HF's safetensors). Unsharded, the tensors are the live weights, detached: copy
-        them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
+    def named_weights_for_sync(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, full tensor, cast to `dtype` when given) for every weight, each parameter
+        once (a tied lm_head is skipped, as in HF's safetensors). Unsharded and already of that dtype,
+        the tensors are the live weights, detached: copy them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
         a collective: every rank must iterate to the end."""
         if self.peft is not None:  # base + adapter under the base's names (miles/backends/torch/lora.py)
             from miles.backends.torch.lora import merged_named_weights
 
-            yield from merged_named_weights(self.model)
+            for name, merged in merged_named_weights(self.model):
+                yield name, merged if dtype is None else merged.to(dtype)
             return
         seen: set[int] = set()
         # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
@@ -311,17 +329,19 @@ class TorchBackend(TrainerBackend):
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            yield name, full_tensor(tensor.detach())
+            full = full_tensor(tensor.detach())
+            yield name, full if dtype is None else full.to(dtype)
 
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """HF-named full weights in buckets of at most `bucket_bytes` (a bigger tensor travels alone).
+        """HF-named full weights in the engines' dtype, in buckets of at most `bucket_bytes` (a bigger
+        tensor travels alone).
 
         Every rank plans the same buckets (under FSDP gathering each tensor with the other ranks; under
         DDP every rank already holds it), and ranks other than the weight source yield them empty.
         """
         from miles.utils.weights import iter_weight_buckets
 
-        for bucket in iter_weight_buckets(self.named_weights_for_sync(), bucket_bytes):
+        for bucket in iter_weight_buckets(self.named_weights_for_sync(self.sync_dtype), bucket_bytes):
             yield bucket if self.is_weight_source else []
 
     def parameter_metrics(self) -> dict[str, float]:
@@ -332,4 +352,4 @@ class TorchBackend(TrainerBackend):
     def weights_checksum(self) -> str:
         from miles.utils.weights import weights_checksum
 
-        return weights_checksum(self.named_weights_for_sync())
+        return weights_checksum(self.named_weights_for_sync(self.sync_dtype))

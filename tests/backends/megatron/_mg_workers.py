@@ -68,6 +68,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     if job.get("log_probs_seed") is not None:
         result["log_probs"], result["entropy"] = log_probs()
     result["checksum"] = trainer.weights_checksum()
+    result["dtypes"] = _dtypes(trainer)
     buckets = list(trainer.iter_weight_buckets(job.get("bucket_bytes", 64 * 1024)))
     result["num_buckets"] = len(buckets)
     result["bucket_tensors"] = [(n, t.clone()) for b in buckets for n, t in b]
@@ -82,6 +83,21 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         torch.save(result, os.path.join(out_dir, "result.pt"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _dtypes(trainer) -> dict:
+    """The dtypes a rank holds: model parameters, the gradient buffers, the optimizer's main
+    parameters (the fp32 copies under --bf16) and its Adam moments."""
+    from miles.backends.megatron.checkpoint import _inner_optimizers
+
+    out = {"params": {str(p.dtype) for p in trainer.model.parameters()},
+           "grads": {str(p.main_grad.dtype) for p in trainer.model.parameters() if getattr(p, "main_grad", None) is not None},
+           "main_params": set(), "adam": set()}
+    for opt in _inner_optimizers(trainer):
+        inner = opt.optimizer
+        out["main_params"] |= {str(p.dtype) for g in inner.param_groups for p in g["params"]}
+        out["adam"] |= {str(v.dtype) for st in inner.state.values() for k, v in st.items() if k.startswith("exp_avg")}
+    return out
 
 
 def run(world: int, job: dict, out_dir: Path, timeout: float = 300) -> dict:

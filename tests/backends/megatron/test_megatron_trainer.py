@@ -121,6 +121,29 @@ def test_tp1_matches_torch_and_weight_buckets_are_the_hf_export(hf_dir, tmp_path
     _assert_buckets_are_the_hf_export(result, tmp_path / "export", 1)
 
 
+def test_bf16_trains_bf16_params_from_fp32_main_params_and_resumes_bit_exact(hf_dir, tmp_path):
+    """--bf16 is megatron-core's mixed precision: bf16 parameters, fp32 gradient buffers, fp32 main
+    parameters and Adam moments in the optimizer. Its log-probs are the fp32 ones to bf16 rounding
+    (not bit-equal: bf16 really ran), its losses follow fp32 training, a resume is bit-exact and the
+    weights reach an fp32 engine as fp32."""
+    config = {**_config(hf_dir, world=1), "bf16": True}
+    first = _mp.run(1, {"config": config, "rollouts": ROLLOUTS, "log_probs_seed": 5, "save_after": 0,
+                        "save": str(tmp_path / "ckpt")}, tmp_path)
+    assert first["dtypes"] == {"params": {"torch.bfloat16"}, "grads": {"torch.float32"},
+                               "main_params": {"torch.float32"}, "adam": {"torch.float32"}}, first["dtypes"]
+    from miles.config.resolve import build_config, fill_derived
+
+    lp, _ = _ref_log_probs(TorchReference(hf_dir, fill_derived(build_config(_config(hf_dir, world=1)))))
+    diff = (first["initial_log_probs"] - lp).abs().max().item()
+    assert 0 < diff <= 0.1, diff
+    ref_losses, _ = _reference(hf_dir, _config(hf_dir, world=1))
+    assert max(abs(a - b) for a, b in zip(_losses(first), ref_losses)) <= 0.03, (_losses(first), ref_losses)
+    assert {t.dtype for _, t in first["bucket_tensors"]} == {torch.float32}
+    resumed = _mp.run(1, {"config": config, "rollouts": ROLLOUTS[1:], "load": str(tmp_path / "ckpt")}, tmp_path)
+    assert _losses(resumed) == _losses(first)[1:]
+    assert resumed["checksum"] == first["checksum"]
+
+
 @pytest.mark.slow  # two runs of two ranks and a convert, about 4 minutes on 2 busy cores
 def test_tp2_matches_torch_syncs_hf_weights_resumes_bit_exact_and_converts(hf_dir, tmp_path):
     config = _config(hf_dir, world=2, tp=2)
