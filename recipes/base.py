@@ -88,7 +88,7 @@ class RecipeOptions:
     hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = option(
         "auto",
         help="Where the run trains and generates: cpu forces the CPU; auto uses a visible GPU, else the CPU; a GPU "
-        "name trains on GPUs and exits 2 where none is visible.",
+        "name trains on GPUs and exits 2 where none is visible (--dry-run still prints its plan).",
         engine="device",
         to_engine=lambda hardware: {"cpu": "cpu", "auto": "auto"}.get(hardware, "cuda"),
     )
