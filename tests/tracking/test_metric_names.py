@@ -69,8 +69,19 @@ def test_names_in_the_source_are_documented() -> None:
     emitted = _emitted_literals()
     assert "rollout/raw_reward" in emitted and "eval/x/accuracy" in emitted  # the scan sees the loop's names
     # `train/{k}` prefixes the loss metrics: checked against the losses themselves below.
-    undocumented = sorted(n for n in emitted if n != "train/x" and not is_documented(n))
+    # `eval/{name}` alone is the prefix handed to generate_hub.turn_metrics: its names are checked below.
+    undocumented = sorted(n for n in emitted if n not in ("train/x", "eval/x") and not is_documented(n))
     assert not undocumented, f"add these to miles/tracking/metric_names.py: {undocumented}"
+
+
+def test_multi_turn_metrics_are_documented_under_rollout_and_eval() -> None:
+    from miles.rollout.generate_hub.turn_metrics import turn_metrics
+    from miles.sample import Sample
+
+    sample = Sample(metadata={"num_turns": 2, "tool_call_count": 1, "tool_error_count": 0})
+    for prefix in ("rollout", "eval/gsm8k"):
+        names = turn_metrics([sample], prefix)
+        assert names and all(is_documented(n) for n in names), names
 
 
 def test_every_loss_metric_is_documented_under_train_and_critic() -> None:
