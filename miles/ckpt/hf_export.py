@@ -31,7 +31,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from miles.ckpt.durable import fsync_path
+from miles.ckpt.durable import publish_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -140,15 +140,5 @@ def export_hf(
         cfg.pop("torch_dtype", None)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
-    for f in tmp.iterdir():
-        fsync_path(f)
-    fsync_path(tmp)
-    if out.exists():
-        old = out.parent / f"{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
-    fsync_path(out.parent)
+    publish_dir(tmp, out)
     return out

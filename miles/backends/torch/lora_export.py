@@ -67,7 +67,7 @@ def export_lora(opts: ConvertOptions) -> Path:
 
 
 def _save_adapter(peft_model, base: str, out: Path) -> None:
-    from miles.ckpt.durable import fsync_path
+    from miles.ckpt.durable import publish_dir
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
@@ -77,15 +77,4 @@ def _save_adapter(peft_model, base: str, out: Path) -> None:
     config = json.loads(config_path.read_text())
     config["base_model_name_or_path"] = str(base)
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            fsync_path(f)
-    fsync_path(tmp)
-    if out.exists():
-        old = out.parent / f"{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
-    fsync_path(out.parent)
+    publish_dir(tmp, out)
