@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from miles.ray.hosting import freeze_startup_objects
 from miles.ray.rollout_manager import RolloutManager
 from miles.ray.train_group import TrainWorker
 
@@ -47,6 +48,7 @@ class RolloutManagerActor:
 
     def setup(self, cfg, **kwargs: Any) -> int:
         self.manager = RolloutManager(cfg, **kwargs)
+        freeze_startup_objects()  # engine, model, datasets: out of every later garbage collection
         return os.getpid()
 
     # -- generation and eval

@@ -163,4 +163,7 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
             resolve_num_rollout(cfg, wait(manager.handle.num_prompts.remote(), "the rollout manager"))
             trainer = start_trainer()
             critic = start_trainer("critic") if ppo else None
+        from miles.ray.hosting import freeze_startup_objects
+
+        freeze_startup_objects()  # the driver's imports: out of the collections its loop triggers
         yield Cluster(manager, trainer, device, critic)

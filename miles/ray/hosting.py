@@ -48,6 +48,20 @@ def start_actor(cls: Any, *args: Any, label: str, actor_options: dict[str, Any] 
     return hosted
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive now (imported modules, the model, the engine, the datasets) out of
+    Python's cyclic garbage collector's view (`gc.freeze`), after one last collection. Call once a
+    process has finished setting up. Every full collection otherwise walks the millions of objects
+    torch and transformers leave behind: in the rollout manager, whose per-sample Python objects
+    trigger collections all the time, that was ~25 ms per rollout of the default run (in-process
+    measurement; 2 ms after freezing). Objects made later are collected as before; what is frozen
+    is never freed by a collection, which is what start-up objects of a run's process are anyway."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def end_hosted_actors() -> list[int]:
     """`ray.kill` every actor started here (a busy actor does not stop when Ray's node shuts down: it
     would outlive the run); returns the pids they reported, for the caller to make sure they are gone."""

@@ -98,6 +98,9 @@ class TrainWorker:
                 timeout=datetime.timedelta(minutes=RENDEZVOUS_TIMEOUT_MIN),
             )
         self.backend = make_backend(self.cfg, rank=self.rank, world_size=self.world_size, device=self.device, role=self.role)
+        from miles.ray.hosting import freeze_startup_objects
+
+        freeze_startup_objects()  # model, optimizer, imports: out of every later garbage collection
         return True
 
     def parameter_metrics(self) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The in-process weight sync's sender against a real rollout manager (tiny model, no Ray actors).
+"""The in-process weight sync's sender against a real rollout manager (tiny model, no Ray actors), and
+the start-up objects every actor freezes out of the garbage collector.
 
 The sender's calls go straight to `RolloutManager.load_weight_bucket` (a stand-in for the actor
 handle's `.remote`, with `ray.get` the identity), so what is checked is what the manager receives and
@@ -116,3 +117,23 @@ def test_a_manager_on_another_node_gets_tensors(manager, no_ray):
     assert rec.calls == [("tensors", True, None), ("tensors", False, None), ("tensors", False, 10)]
     got = engine_weights(manager)
     assert all(torch.equal(got[n], t) for b in buckets for n, t in b)
+
+
+def test_start_up_objects_are_frozen_and_later_garbage_is_still_collected():
+    """`freeze_startup_objects` (called by every actor once set up, and by the driver) leaves what
+    exists out of later collections; cycles made afterwards are still collected."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+from miles.ray.hosting import freeze_startup_objects
+class Node: pass
+freeze_startup_objects()
+assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+a = Node(); a.self = a; probe = weakref.ref(a); del a
+gc.collect()
+assert probe() is None
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
