@@ -6,9 +6,12 @@
 
 Each benchmark is its own script and runs alone as well (`python bench/<name>.py --help`); here each
 runs as a subprocess with `--json`, its own output goes to the terminal as it runs, and the table
-printed last collects the rows they wrote: what is compared, the ratio, the goal (from issue 13's
-table) and whether it is met. Ratios, not absolute times, are what to compare across machines: every
-baseline is measured in the same run as what it is compared with. The header says when and where it
+printed last collects the rows they wrote: what is compared, the ratio, the goal (issues 13, 24 and 27),
+whether it is met, and the load average when that benchmark started and ended. Ratios, not absolute
+times, are what to compare across machines: every baseline is measured in the same run as what it is
+compared with. The RL-loop rows against TRL (steps/s, start-up, time to held-out 0.4, peak RSS of the
+process tree; TRL at its default threads and at one thread) come from bench/vs_trl.py, the start-up
+phases from bench/startup.py, and the asynchronous overlap's own rows from bench/async_overlap.py. The header says when and where it
 ran (CPU count, load average before the run), because on a shared machine the load moves every number.
 """
 
@@ -36,6 +39,12 @@ BENCHES = {
     "vs_trl": [],
     "step_phases": [],
     "memory_plan": [],
+    "startup": [],
+    "async_overlap": [],
+}
+# name -> arguments at the smoke-test size, for the benchmarks whose smoke-test size is not `--tiny`.
+TINY = {
+    "async_overlap": ["--num-rollout", "4"],  # every mode of the overlap for 4 rollouts (eval at 0 and 4)
 }
 # Not here: bench/learning.py (does the default run learn; minutes per seed, a pass/fail, not a ratio).
 
@@ -48,6 +57,10 @@ def machine() -> str:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, load average {load:.1f} at start"
+
+
+def loadavg() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def fmt(v: float | None) -> str:
@@ -72,24 +85,25 @@ def main() -> int:
             if a.only and name not in a.only:
                 continue
             out = Path(tmp) / f"{name}.json"
-            cmd = [sys.executable, str(HERE / f"{name}.py"), *(["--tiny"] if a.tiny else extra), "--json", str(out)]
+            cmd = [sys.executable, str(HERE / f"{name}.py"), *(TINY.get(name, ["--tiny"]) if a.tiny else extra), "--json", str(out)]
             print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
-            t0 = time.perf_counter()
+            t0, load0 = time.perf_counter(), loadavg()
             try:
                 subprocess.run(cmd, check=True, timeout=a.timeout_s)
                 got = json.loads(out.read_text())["rows"]
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError) as e:
                 failed.append(f"{name}: {e}")
                 continue
+            load = f"{load0:.1f}-{loadavg():.1f}"
             for r in got:
-                rows.append({"bench": name, **r})
+                rows.append({"bench": name, "load": load, **r})
             print(f"=== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     print(f"\n{header}")
-    print(f"{'what':58} {'value':>8} {'unit':<12} {'goal':<8} met")
+    print(f"{'what':58} {'value':>8} {'unit':<12} {'goal':<8} {'met':<4} load (bench start-end)")
     for r in rows:
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
-        print(f"{r['what']:58} {fmt(r['value']):>8} {r['unit']:<12} {r['goal'] or '-':<8} {met}")
+        print(f"{r['what']:58} {fmt(r['value']):>8} {r['unit']:<12} {r['goal'] or '-':<8} {met:<4} {r['load']}")
     for f in failed:
         print(f"FAILED {f}")
     if a.json:

@@ -67,8 +67,8 @@ class RolloutManagerActor:
     def begin_weight_update(self) -> Any:
         return self.manager.begin_weight_update()
 
-    def load_weight_bucket(self, bucket: list) -> None:
-        return self.manager.load_weight_bucket(bucket)
+    def load_weight_bucket(self, bucket: list | str, opens: bool = False, closes_at: int | None = None) -> None:
+        return self.manager.load_weight_bucket(bucket, opens=opens, closes_at=closes_at)
 
     def end_weight_update(self, version: int) -> None:
         return self.manager.end_weight_update(version)

@@ -36,7 +36,7 @@ import torch
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
 from miles.ray.engine_factory import make_engine
-from miles.ray.weight_sync import InProcessTargets
+from miles.ray.weight_sync import InProcessTargets, current_node_id
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import SamplingParams
 from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
@@ -420,7 +420,7 @@ class RolloutManager:
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            return InProcessTargets()
+            return InProcessTargets(node_id=current_node_id())
         self.engine.begin_weight_update()
         r = self.cfg.rollout
         tp = engine_tp_size(self.cfg)
@@ -434,8 +434,23 @@ class RolloutManager:
             r.update_weight_transfer_mode, engines, disk_dir=str(Path(self.log_dir or ".") / "weight_sync"), hf_checkpoint=r.hf_checkpoint
         )
 
-    def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+    def load_weight_bucket(
+        self, bucket: list[tuple[str, torch.Tensor]] | str, opens: bool = False, closes_at: int | None = None
+    ) -> None:
+        """One bucket into the in-process engine: (name, tensor) pairs, or handles to the sender's
+        shared-memory buffer (`tensor_ipc.serialize_bucket`, from a trainer on this node), mapped,
+        copied from and let go. `opens`: begin the update first (as `begin_weight_update`);
+        `closes_at`: end it afterwards at that version (as `end_weight_update`), so a one-bucket sync
+        is this one call."""
+        if opens:
+            self.begin_weight_update()
+        if isinstance(bucket, str):
+            from miles.rollout.engine.tensor_ipc import deserialize_payload
+
+            bucket = deserialize_payload(bucket)
         self.engine.update_weights_from_tensors(bucket)
+        if closes_at is not None:
+            self.end_weight_update(closes_at)
 
     def end_weight_update(self, version: int) -> None:
         self.engine.end_weight_update(version)

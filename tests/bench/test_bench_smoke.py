@@ -76,6 +76,31 @@ def test_step_phases(tmp_path):
     assert all(v >= 0 for v in phases.values()) and 0 < rows[0]["value"] < 1
 
 
+def test_startup(tmp_path):
+    rows = run_bench("startup", tmp_path, "--no-real-run")
+    by = {r["what"]: r for r in rows}
+    assert {"start-up: ray.init: a private local node", "start-up: import torch",
+            "start-up: rollout manager set-up (engine, datasets; imports included)",
+            "start-up: trainer set-up (model, optimizer; imports included)"} <= set(by)
+    assert finite_positive(rows) and all(r["process_s"] >= r["value"] for r in rows)
+
+
+def test_run_all_smoke_sizes_cover_every_benchmark():
+    """`run_all.py --tiny` passes each benchmark its smoke-test size: `--tiny`, or what TINY names
+    for a benchmark without that flag; every benchmark must accept what it is given."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import run_all
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert {"vs_trl", "startup", "async_overlap", "step_phases"} <= set(run_all.BENCHES)
+    for name in run_all.BENCHES:
+        args = run_all.TINY.get(name, ["--tiny"])
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--help"], env=ENV, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert all(arg in r.stdout for arg in args if arg.startswith("--")), (name, args)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is the bench-only extra: pip install -e '.[bench]'")
 def test_vs_trl(tmp_path):
     rows = run_bench("vs_trl", tmp_path, "--keep", str(tmp_path / "work"), timeout=900)

@@ -1,0 +1,118 @@
+"""The in-process weight sync's sender against a real rollout manager (tiny model, no Ray actors).
+
+The sender's calls go straight to `RolloutManager.load_weight_bucket` (a stand-in for the actor
+handle's `.remote`, with `ray.get` the identity), so what is checked is what the manager receives and
+does with it: handles to the sender's shared-memory buffer on the same node, tensors on another; with
+a session, the engine paused and opened by the first bucket's call and closed at the new version by
+the last one's, its weights then bit for bit the sent ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import miles.ray.weight_sync as ws
+from miles.config.resolve import build_config, resolve
+from miles.prepare.tiny_model import create_tiny_qwen3
+from miles.ray.rollout_manager import RolloutManager
+
+
+@pytest.fixture(scope="module")
+def manager(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ws")
+    model = create_tiny_qwen3(root / "model", seed=0)
+    (root / "train.jsonl").write_text("".join(json.dumps({"input": f"{a}+1=", "label": str(a + 1)}) + "\n" for a in range(4)))
+    cfg = {"hf_checkpoint": str(model), "prompt_data": str(root / "train.jsonl"), "label_key": "label", "rm_type": "exact_match",
+           "rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 1, "actor_num_gpus_per_node": 1,
+           "rollout_max_response_len": 2, "device": "cpu"}
+    return RolloutManager(resolve(build_config(cfg, environ={})))
+
+
+class Recorder:
+    """Stands in for the manager's actor handle: `load_weight_bucket.remote(...)` runs the real method."""
+
+    def __init__(self, manager):
+        self.calls: list[tuple[str, bool, int | None]] = []
+        recorder = self
+
+        class Method:
+            @staticmethod
+            def remote(bucket, opens=False, closes_at=None):
+                recorder.calls.append(("handles" if isinstance(bucket, str) else "tensors", opens, closes_at))
+                recorder.states.append(manager.engine._updating if not opens else None)
+                return manager.load_weight_bucket(bucket, opens=opens, closes_at=closes_at)
+
+        self.load_weight_bucket = Method
+        self.states: list = []
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(ws, "current_node_id", lambda: "node-a")
+
+
+def new_weights(manager, seed: int) -> list[list[tuple[str, torch.Tensor]]]:
+    g = torch.Generator().manual_seed(seed)
+    named = [(n, torch.randn(p.shape, generator=g)) for n, p in manager.engine.named_parameters()]
+    return [named[:3], named[3:7], named[7:]]
+
+
+def engine_weights(manager) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in manager.engine.named_parameters()}
+
+
+def push(sender, buckets, version: int) -> None:
+    sender.begin(version)
+    for b in buckets:
+        sender.send_bucket(b, version)
+    sender.finish(version)
+
+
+def test_a_session_opens_with_the_first_bucket_closes_with_the_last_and_loads_every_weight(manager, no_ray):
+    rec = Recorder(manager)
+    sender = ws.InProcessTargets(manager=rec, node_id="node-a", session=True).open_sender()
+    buckets = new_weights(manager, 1)
+    push(sender, buckets, version=7)
+    assert rec.calls == [("handles", True, None), ("handles", False, None), ("handles", False, 7)]
+    assert rec.states[1:] == [True, True]  # the middle and last buckets arrive inside the open session
+    assert manager.engine.weight_version == 7 and not manager.engine._updating and not manager.engine._paused
+    got = engine_weights(manager)
+    for n, t in (x for b in buckets for x in b):
+        assert torch.equal(got[n], t), n
+
+    # The next sync reuses the same shared-memory buffer (kept by the sender, grown to the largest bucket).
+    buffer = sender._buffer
+    push(sender, new_weights(manager, 2), version=8)
+    assert sender._buffer is buffer
+    # One bucket: one call that opens and closes.
+    one = [[x for b in new_weights(manager, 5) for x in b]]
+    push(sender, one, version=8)
+    assert rec.calls[6:] == [("handles", True, 8)]
+    got = engine_weights(manager)
+    assert all(torch.equal(got[n], t) for n, t in one[0]) and manager.engine.weight_version == 8
+
+
+def test_without_a_session_each_bucket_is_sent_at_once_and_the_driver_opens_and_closes(manager, no_ray):
+    rec = Recorder(manager)
+    sender = ws.InProcessTargets(manager=rec, node_id="node-a").open_sender()
+    manager.begin_weight_update()
+    push(sender, new_weights(manager, 3), version=9)
+    assert rec.calls == [("handles", False, None)] * 3
+    manager.end_weight_update(9)
+    assert manager.engine.weight_version == 9
+
+
+def test_a_manager_on_another_node_gets_tensors(manager, no_ray):
+    rec = Recorder(manager)
+    sender = ws.InProcessTargets(manager=rec, node_id="node-b", session=True).open_sender()
+    buckets = new_weights(manager, 4)
+    push(sender, buckets, version=10)
+    assert rec.calls == [("tensors", True, None), ("tensors", False, None), ("tensors", False, 10)]
+    got = engine_weights(manager)
+    assert all(torch.equal(got[n], t) for b in buckets for n, t in b)
