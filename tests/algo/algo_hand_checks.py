@@ -122,6 +122,49 @@ def check_policy_loss_hand_numbers() -> None:
     close(grad[2], [0.0])
 
 
+def check_tis_hand_numbers() -> None:
+    """--use-tis (vanilla TIS): per-token weight clamp(exp(old - rollout), tis_clip_low, tis_clip) on the
+    PPO term; the PPO ratio is exp(logp - old) and stays inside its clip band here, so both show."""
+    import math
+
+    old, seg = packed([T([-1.0, -1.0, -1.0]), T([-1.0, -1.0])])
+    # rollout = old - ln(rho): the engine's log-probs with rho = exp(old - rollout) = [3, 0.5, 1.5 | 0.25, 10]
+    rho, _ = packed([T([3.0, 0.5, 1.5]), T([0.25, 10.0])])
+    rollout = old - rho.log()
+    # the current policy differs from the old one: log-ratio [0.1, -0.1, 0.05 | 0, 0]
+    lp = (old + T([0.1, -0.1, 0.05, 0.0, 0.0])).requires_grad_()
+    adv, _ = packed([T([1.0, -2.0, 0.5]), T([-1.0, 5.0])])
+    masks, _ = packed([T([1.0, 1.0, 1.0]), T([1.0, 0.0])])
+    cfg = make_cfg(use_tis=True, tis_clip=2.0, tis_clip_low=0.8)
+    loss, m = losses.policy_loss(
+        cfg, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=masks, segments=seg, rollout_log_probs=rollout
+    )
+    # weights w = clamp(rho, 0.8, 2) = [2, 0.8, 1.5 | 0.8, (masked)]
+    # PPO ratio r = [e^0.1, e^-0.1, e^0.05 | 1] (inside [0.8, 1.2], unclipped); token loss -r * A * w:
+    #   sample 1: -1.1051709*1*2 = -2.2103418, -0.9048374*(-2)*0.8 = 1.4477399, -1.0512711*0.5*1.5 = -0.7884533
+    #     mean -1.5510553 / 3 = -0.5170184
+    #   sample 2: -1*(-1)*0.8 = 0.8 (the masked token does not count); mean over 2 samples 0.1414908
+    close(loss, 0.1414907851)
+    close(m["pg_loss"], 0.1414907851)
+    # metrics reduced like the loss (per-sample mean, then over samples), over trained tokens:
+    close(m["tis"], ((3 + 0.5 + 1.5) / 3 + 0.25) / 2)  # mean rho before clamping
+    close(m["tis_clipfrac"], (2 / 3 + 1) / 2)  # 3 and 0.5 clamped in sample 1; 0.25 in sample 2
+    close(m["tis_abs"], ((2 + 0.5 + 0.5) / 3 + 0.75) / 2)  # mean |rho - 1|
+    close(m["train_rollout_logprob_abs_diff"], ((math.log(3) + math.log(2) + math.log(1.5)) / 3 + math.log(4)) / 2)
+    loss.backward()
+    # d/dlp of -r*A*w / (n_tokens * 2 samples), the weight being data (no gradient through it)
+    grad = split(lp.grad, seg)
+    close(grad[0], [-2.2103418362 / 6, 1.4477398689 / 6, -0.7884533223 / 6])
+    close(grad[1], [0.8 / 2, 0.0])
+    # the upstream defaults (--tis-clip 2, --tis-clip-low 0) only truncate from above: w = [2, 0.5, 1.5 | 0.25]
+    loss, _ = losses.policy_loss(
+        make_cfg(use_tis=True), log_probs=lp.detach(), old_log_probs=old, advantages=adv, loss_mask=masks, segments=seg,
+        rollout_log_probs=rollout,
+    )
+    # sample 1: -2.2103418 + 0.9048374*2*0.5 - 0.7884533 = -2.0939577, / 3 = -0.6979859; sample 2: 0.25
+    close(loss, (-2.0939577 / 3 + 0.25) / 2)
+
+
 def check_reinforce_plus_plus() -> None:
     cfg = make_cfg(advantage_estimator="reinforce_plus_plus", gamma=0.5, kl_coef=0.1, kl_loss_type="k1")
     # k1 kl = lp - ref = [0.5, 0, -1]; trained tokens 0 and 2 (token 1 is tool output)

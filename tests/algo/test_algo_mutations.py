@@ -7,13 +7,14 @@ import pytest
 import torch
 
 import algo_hand_checks as checks
-from miles.algo import advantages, kl, losses, reduce
+from miles.algo import advantages, kl, losses, reduce, rollout_correction
 from miles.rollout import train_data
 
 _right_normalize = advantages.normalize_group_rewards
 _right_kl = kl.approx_kl
 _right_surrogate = losses.clipped_surrogate
 _right_gae = advantages.gae
+_right_tis = rollout_correction.vanilla_tis
 
 
 def _assert_check_fails(check) -> None:
@@ -100,6 +101,80 @@ def test_token_mean_instead_of_sample_mean_is_caught(monkeypatch):
     monkeypatch.setattr(losses, "reduce_batch", always_per_token)
     _assert_check_fails(checks.check_per_sample_reduction)
     _assert_check_fails(checks.check_policy_loss_hand_numbers)
+
+
+def _tis_variant(weight):
+    """A vanilla_tis whose per-token weight is `weight(train_logp, rollout_logp, cfg)` (metrics unchanged)."""
+
+    def tis(cfg, *, pg_loss, train_log_probs, rollout_log_probs, loss_mask, **kw):
+        _, mask, metrics = _right_tis(cfg, pg_loss=pg_loss, train_log_probs=train_log_probs, rollout_log_probs=rollout_log_probs, loss_mask=loss_mask, **kw)
+        return pg_loss * weight(train_log_probs.detach(), rollout_log_probs.detach(), cfg), mask, metrics
+
+    return tis
+
+
+@pytest.mark.parametrize(
+    "weight",
+    [
+        lambda t, r, c: (r - t).exp().clamp(c.tis_clip_low, c.tis_clip),  # importance ratio upside down
+        lambda t, r, c: (t - r).exp().clamp(c.tis_clip, c.tis_clip_low),  # bounds swapped
+        lambda t, r, c: (t - r).exp(),  # not truncated
+        lambda t, r, c: (t - r).exp().clamp(max=c.tis_clip),  # lower bound ignored
+    ],
+    ids=["ratio-inverted", "bounds-swapped", "untruncated", "no-lower-bound"],
+)
+def test_wrong_tis_weight_is_caught(monkeypatch, weight):
+    monkeypatch.setattr(losses, "vanilla_tis", _tis_variant(weight))
+    _assert_check_fails(checks.check_tis_hand_numbers)
+
+
+def test_tis_weight_on_the_current_policy_is_caught(monkeypatch):
+    # the weight must use the trainer's old log-probs (before this step's updates), not the ones being trained
+    right_policy_loss = losses.policy_loss
+
+    def current_policy(cfg, *, log_probs, old_log_probs, rollout_log_probs=None, **kw):
+        def tis(cfg, *, pg_loss, train_log_probs, **rest):
+            return _right_tis(cfg, pg_loss=pg_loss, train_log_probs=log_probs.detach(), **rest)
+
+        monkeypatch.setattr(losses, "vanilla_tis", tis)
+        try:
+            return right_policy_loss(cfg, log_probs=log_probs, old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs, **kw)
+        finally:
+            monkeypatch.setattr(losses, "vanilla_tis", _right_tis)
+
+    monkeypatch.setattr(losses, "policy_loss", current_policy)
+    _assert_check_fails(checks.check_tis_hand_numbers)
+
+
+def test_tis_denominator_over_the_returned_mask_only_is_caught(monkeypatch):
+    # rejected tokens must lower a sample's mean (denominator: the original token count), not vanish from it
+    right = reduce.reduce_batch
+
+    def renormalised(values, mask, segments, *, per_token, normalizer=None, denominators=None):
+        return right(values, mask, segments, per_token=per_token, normalizer=normalizer, denominators=None)
+
+    def rejecting_tis(cfg, *, pg_loss, loss_mask, **kw):
+        out, _, metrics = _right_tis(cfg, pg_loss=pg_loss, loss_mask=loss_mask, **kw)
+        return out, loss_mask * (torch.arange(loss_mask.numel()) != 1).float(), metrics  # reject token 1
+
+    monkeypatch.setattr(losses, "vanilla_tis", rejecting_tis)
+    # with the right reduction: sample 1 = (-2.2103418 - 0.7884533) / 3 (token 1 rejected, still counted)
+    loss, _ = _tis_loss()
+    checks.close(loss, ((-2.2103418362 - 0.7884533223) / 3 + 0.8) / 2)
+    monkeypatch.setattr(losses, "reduce_batch", renormalised)
+    with pytest.raises(AssertionError):
+        checks.close(_tis_loss()[0], ((-2.2103418362 - 0.7884533223) / 3 + 0.8) / 2)
+
+
+def _tis_loss():
+    T = checks.T
+    old, seg = checks.packed([T([-1.0, -1.0, -1.0]), T([-1.0, -1.0])])
+    rho, _ = checks.packed([T([3.0, 0.5, 1.5]), T([0.25, 10.0])])
+    lp = old + T([0.1, -0.1, 0.05, 0.0, 0.0])
+    adv, _ = checks.packed([T([1.0, -2.0, 0.5]), T([-1.0, 5.0])])
+    masks, _ = checks.packed([T([1.0, 1.0, 1.0]), T([1.0, 0.0])])
+    cfg = checks.make_cfg(use_tis=True, tis_clip=2.0, tis_clip_low=0.8)
+    return losses.policy_loss(cfg, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=masks, segments=seg, rollout_log_probs=old - rho.log())
 
 
 def test_unmutated_checks_pass():

@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from algo_hand_checks import T, call_packed, check_per_sample_reduction, check_policy_loss_hand_numbers, close, make_cfg
+from algo_hand_checks import (
+    T,
+    call_packed,
+    check_per_sample_reduction,
+    check_policy_loss_hand_numbers,
+    check_tis_hand_numbers,
+    close,
+    make_cfg,
+)
 from miles.algo import losses
 from miles.algo.losses import get_loss_function, sft_loss, value_loss
 
@@ -133,6 +141,10 @@ def test_vanilla_tis_weights_and_metrics():
     close(m["tis_abs"], (2 + 0 + 0.75) / 3)
     # old vs rollout: |ln 3|, 0, |ln 0.25|
     close(m["train_rollout_logprob_abs_diff"], (math.log(3) + math.log(4)) / 3)
+
+
+def test_vanilla_tis_two_samples_masked_token_and_gradients():
+    check_tis_hand_numbers()  # red under a one-character change of the weight (tests/algo/test_algo_mutations.py)
 
 
 def test_tis_needs_rollout_log_probs():
