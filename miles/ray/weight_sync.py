@@ -5,6 +5,10 @@
                      manager.end_weight_update(v)                   # version set, restarted engines join
                                                                     # the router, generation continues
 
+    in-process engine, from the second sync on (the first showed the engine is in-process):
+    driver:          every trainer rank: push_weights(SyncOrder)    # the source's first bucket call pauses
+                                                                    # and opens, its last one closes at v
+
 `begin_weight_update` answers a typed `WeightTargets` (miles.rollout.engine.weight_transport: broadcast,
 tensor, disk; `InProcessTargets` here for the engine inside the rollout manager actor). Each train
 worker owns one `WeightPusher`, which keeps the sender of the last sync while the targets stay equal (a
