@@ -17,8 +17,9 @@
 - Resume (`resume_step=N`: steps >= N are about to be redone): the reopened run never holds a step
   twice. With a SQL store (the default sqlite file, or a database URI) the points at steps >= N are
   deleted first, so MLflow ends with the redone values, like metrics.jsonl. MLflow's API has no way
-  to delete a point, so with any other store (a tracking server) a (metric, step) the run already
-  holds is not sent again: those steps keep the interrupted attempt's values, with a warning.
+  to delete a point, so with any other store (a tracking server), or an `--mlflow-run-id` that is not
+  the one this run directory recorded, a (metric, step) the run already holds is not sent again:
+  those steps keep the values MLflow has, with a warning.
 
 Uses `MlflowClient` (no global active run), so it never disturbs a caller's own mlflow usage.
 """
@@ -169,7 +170,10 @@ class MlflowSink:
                 self.client.update_run(self.run_id, status="RUNNING")
             old_params = dict(existing.data.params)
             if resume_step is not None and existing.data.metrics:
-                self._forget_from(resume_step, list(existing.data.metrics))
+                # Points are deleted only in the run this run directory recorded: an --mlflow-run-id of
+                # another miles run's keeps its points (this run's steps it already holds are skipped).
+                ours = id_file.exists() and id_file.read_text(encoding="utf-8").strip() == self.run_id
+                self._forget_from(resume_step, list(existing.data.metrics), delete=ours)
         else:
             experiment_id = self._experiment_id(cfg.mlflow_experiment_name, None if cfg.mlflow_tracking_uri else run_dir)
             run = self.client.create_run(
@@ -181,13 +185,13 @@ class MlflowSink:
         _write_atomic(id_file, self.run_id + "\n")
         self._log_params(params, old_params)
 
-    def _forget_from(self, step: int, keys: list[str]) -> None:
-        """Before steps >= `step` are logged again: delete their points (SQL store), else remember the
-        (key, step) pairs the run holds so `log_many` skips them (see the module docstring)."""
+    def _forget_from(self, step: int, keys: list[str], *, delete: bool) -> None:
+        """Before steps >= `step` are logged again: delete their points (`delete` and a SQL store), else
+        remember the (key, step) pairs the run holds so `log_many` skips them (see the module docstring)."""
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
         store = self.client._tracking_client.store
-        if isinstance(store, SqlAlchemyStore):
+        if delete and isinstance(store, SqlAlchemyStore):
             from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
 
             with store.ManagedSessionMaker(read_only=False) as session:  # one transaction: all of it or nothing
@@ -210,9 +214,9 @@ class MlflowSink:
             self._held.update((key, m.step) for m in self.client.get_metric_history(self.run_id, key) if m.step >= step)
         if self._held:
             log.warning(
-                "MLflow run %s already has steps >= %d, which this resume redoes; %s cannot delete points, so "
-                "MLflow keeps the interrupted attempt's values there (metrics.jsonl has the redone ones)",
-                self.run_id, step, self.tracking_uri,
+                "MLflow run %s already has steps >= %d, which this run logs again; they are not sent again (%s), "
+                "so MLflow keeps the values it has there (metrics.jsonl has the new ones)",
+                self.run_id, step, "its store cannot delete points" if delete else "it is not this run directory's MLflow run",
             )
 
     def _experiment_id(self, name: str, run_dir: Path | None) -> str:

@@ -82,7 +82,7 @@ def test_resume_on_a_store_that_cannot_delete_keeps_one_point_per_step(tmp_path:
         t.log({"rollout/raw_reward": float(step), "train/loss": 1.0}, step=step)
     t.finish("KILLED")
     t = Tracker(cfg, run_dir=tmp_path / "run", run_id="r", params={}, resume_step=2, strict=True)
-    assert "cannot delete points" in caplog.text
+    assert "its store cannot delete points" in caplog.text
     for step in range(2, 5):
         t.log({"rollout/raw_reward": 10.0 * step, "train/loss": 2.0}, step=step)
     t.finish()
@@ -97,13 +97,19 @@ def test_explicit_run_id_resumes_that_run_and_unknown_id_is_a_user_error(
 ) -> None:
     uri = f"sqlite:///{mlflow_run_dir.resolve() / 'mlflow.db'}"
     t = Tracker(TrackingConfig(use_mlflow=True), run_dir=mlflow_run_dir, run_id="a", params={})
+    t.log({"x": 1.0}, step=0)
     t.finish()
     other_dir = tmp_path / "elsewhere"  # another output dir, same store, explicit --mlflow-run-id
     cfg = TrackingConfig(use_mlflow=True, mlflow_tracking_uri=uri, mlflow_run_id=t.mlflow.run_id)
-    t2 = Tracker(cfg, run_dir=other_dir, run_id="b", params={})
+    t2 = Tracker(cfg, run_dir=other_dir, run_id="b", params={}, resume_step=0, strict=True)
     assert t2.mlflow.run_id == t.mlflow.run_id
     assert (other_dir / "mlflow_run_id.txt").read_text().strip() == t.mlflow.run_id
+    t2.log({"x": 2.0}, step=0)
+    t2.log({"x": 3.0}, step=1)
     t2.finish()
+    # Another directory's MLflow run: its points are never deleted, and step 0 is not logged twice.
+    history = MlflowClient(tracking_uri=uri).get_metric_history(t.mlflow.run_id, "x")
+    assert sorted((m.step, m.value) for m in history) == [(0, 1.0), (1, 3.0)]
 
     bad = dataclasses.replace(cfg, mlflow_run_id="0" * 32)
     with pytest.raises(UserError, match="--mlflow-run-id 0{32} is not a run") as info:
