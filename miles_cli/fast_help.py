@@ -25,15 +25,14 @@ from typer.core import TyperCommand
 
 from miles_cli import summaries
 from miles_cli.argv import help_request
-from miles_cli.help import Counted, MilesCommand, help_docs, panel_shown, panel_slug, write_options
+from miles_cli.help import Counted, MilesCommand, group_choices, help_docs, panel_shown, write_options
 
 class _DeclaredHelp(MilesCommand):
     """A run command that only knows its options' FlagDocs: enough to print its help, not to parse."""
 
-    def __init__(self, name: str, entries: list[Any], brief_extra: tuple[str, ...]) -> None:
+    def __init__(self, name: str, entries: list[Any]) -> None:
         super().__init__(name=name, help=summaries.RUN[name], short_help=summaries.RUN[name])
         self.entries = entries
-        self.brief_extra = brief_extra
 
     def get_help_option(self, ctx: click.Context) -> Any:
         return click.core.Command.get_help_option(self, ctx)  # never parses: no coercion to install
@@ -41,7 +40,7 @@ class _DeclaredHelp(MilesCommand):
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Click's own `--help` (it has no FlagDoc), last, where the built command lists it.
         help_record = self.get_help_option(ctx).get_help_record(ctx)
-        write_options(ctx, formatter, [*self.entries, help_record], brief_extra=self.brief_extra, short_help=True)
+        write_options(ctx, formatter, [*self.entries, help_record], short_help=True)
 
 
 def help_text(argv: list[str]) -> str | None:
@@ -55,7 +54,7 @@ def help_text(argv: list[str]) -> str | None:
         return None
     from miles.errors import UserError
     from miles_cli.main import GROUP_CONTEXT, recipe_name_from
-    from miles_cli.run_commands import brief_extra, option_docs, preview_invocation
+    from miles_cli.run_commands import option_docs, preview_invocation
     from recipes import get_recipe
 
     command = argv[0]
@@ -64,14 +63,13 @@ def help_text(argv: list[str]) -> str | None:
     except UserError:
         return None
     preview = preview_invocation(command, recipe, argv[1:])  # type: ignore[arg-type]
-    extra = brief_extra(preview)
     # FlagDocs only for the panels shown: the others are counted (most of SGLang's ~600 options).
-    declared = option_docs(command, recipe, preview, panel_shown(request.group, True, extra))  # type: ignore[arg-type]
+    declared = option_docs(command, recipe, preview, panel_shown(request.group, True))  # type: ignore[arg-type]
     entries = [doc if doc is not None else Counted(s.panel) for s, _, doc, _ in declared]
     panels = list(dict.fromkeys(s.panel for s, _, _, _ in declared))
-    if request.group not in (None, "all") and request.group not in [panel_slug(p) for p in panels]:
+    if request.group not in (None, "all") and request.group not in group_choices(panels):
         return None
-    cmd = _DeclaredHelp(command, [*entries, *help_docs(panels)], extra)
+    cmd = _DeclaredHelp(command, [*entries, *help_docs(panels)])
     # The contexts the `miles` group and its subcommand would make.
     parent = click.Context(TyperCommand("miles", add_help_option=False), info_name="miles", **GROUP_CONTEXT)
     ctx = click.Context(cmd, info_name=command, parent=parent)

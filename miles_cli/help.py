@@ -42,12 +42,8 @@ from miles_cli.lazy import LazyCommands, Pending
 # miles_cli.options/params (the engine's declarations) and recipes are imported where a command's
 # help or parser needs them, not here: `miles --help` imports this module and only lists commands.
 BRIEF_PANELS = ("Recipe", "Run", "Data", "Optimizer", "Checkpoint")  # "Run" is miles_cli.options.RUN_PANEL
-"""The panels `miles train --help` shows; the others are listed by name with their option count."""
-BRIEF_EXTRA = "__miles_brief_extra__"
-"""Attribute of a command's callback: panels its short help also shows for this invocation (the SGLang
-panels under --rollout-backend sglang)."""
-SGLANG_PANELS = ("SGLang launch", "SGLang server", "SGLang router")
-
+"""The panels `miles train --help` shows, whatever the recipe; the others are listed by name with their
+option count (SGLang's ~500 pass-through options among them: `--help-group sglang`)."""
 
 
 @functools.cache
@@ -66,6 +62,25 @@ def print_error(message: str) -> None:
 
 def panel_slug(panel: str) -> str:
     return panel.lower().replace(" ", "-")
+
+
+def panel_family(panel: str) -> str:
+    """The group name several panels share: the first word of the slug (`sglang` for "SGLang launch",
+    "SGLang server" and "SGLang router"), so `--help-group sglang` shows all three."""
+    return panel_slug(panel).split("-")[0]
+
+
+def group_choices(panels: Iterable[str]) -> tuple[str, ...]:
+    """`--help-group`'s values: every panel's slug, then every family of two or more panels."""
+    panels = list(dict.fromkeys(panels))
+    slugs = [panel_slug(p) for p in panels]
+    families = [f for f in dict.fromkeys(map(panel_family, panels)) if f not in slugs and sum(panel_family(p) == f for p in panels) > 1]
+    return (*slugs, *families)
+
+
+def in_group(panel: str, group: str) -> bool:
+    """Whether `--help-group group` shows `panel`: its slug, or its family."""
+    return group in (panel_slug(panel), panel_family(panel))
 
 
 def expand_list_values(tokens: list[str], list_flags: Iterable[str]) -> list[str]:
@@ -129,17 +144,15 @@ class MilesCommand(typer.core.TyperCommand):
         entries = [docs.get(p.name or "") or p.get_help_record(ctx) for p in self.get_params(ctx)]
         # Only commands that offer --help-all have a short help; the others show every option.
         short = any(p.name == "help_all" for p in self.params)
-        write_options(ctx, formatter, entries, brief_extra=getattr(self.callback, BRIEF_EXTRA, ()), short_help=short)
+        write_options(ctx, formatter, entries, short_help=short)
 
 
-def write_options(
-    ctx: click.Context, formatter: click.HelpFormatter, entries: Iterable[Any], *, brief_extra: Iterable[str] = (), short_help: bool
-) -> None:
+def write_options(ctx: click.Context, formatter: click.HelpFormatter, entries: Iterable[Any], *, short_help: bool) -> None:
     """The options part of a command's help, panel by panel. `entries`: in order, each option's FlagDoc
     (or a `Counted` where its panel is not shown), or the (flag, text) record of an option that has
     none (Click's `--help`), or None (an option that is never shown).
     `ctx.meta["miles_help_group"]`: "all" (--help-all), a panel slug (--help-group), or unset (--help:
-    with `short_help`, the BRIEF_PANELS and `brief_extra`; the others are counted, not rendered)."""
+    with `short_help`, the BRIEF_PANELS; the others are counted, not rendered)."""
     from recipes.base import ENV_PREFIX
 
     group = ctx.meta.get("miles_help_group")
@@ -147,14 +160,16 @@ def write_options(
     for entry in entries:
         if entry is not None:
             panels.setdefault("Help" if isinstance(entry, tuple) else entry.panel, []).append(entry)
-    shown = panel_shown(group, short_help, brief_extra)
-    hidden = []
+    shown = panel_shown(group, short_help)
+    hidden: dict[str, int] = {}  # group name → options not shown; a family of panels is one name
+    families = set(group_choices(panels)) - {panel_slug(p) for p in panels}
     for panel, items in panels.items():
         if not shown(panel):
-            hidden.append(f"{panel_slug(panel)} ({len(items)})")
+            name = panel_family(panel) if panel_family(panel) in families else panel_slug(panel)
+            hidden[name] = hidden.get(name, 0) + len(items)
             continue
         fds = [e for e in items if not isinstance(e, tuple)]
-        collapse = group != panel_slug(panel)  # asked for by name: every option in full
+        collapse = group is None or group == "all"  # asked for by name: every option in full
         if collapse and fds and all(fd.unsupported for fd in fds) and len({fd.unsupported for fd in fds}) == 1:
             with formatter.section(panel):
                 write_text(
@@ -172,21 +187,21 @@ def write_options(
         with formatter.section("More options"):
             write_text(
                 formatter,
-                f"Groups not shown: {', '.join(hidden)}. Every option: `{name} --help-all`; "
-                f"one group: `{name} --help-group GROUP`.",
+                f"Groups not shown: {', '.join(f'{g} ({n})' for g, n in hidden.items())}. Every option: `{name} --help-all`; "
+                f"one group: `{name} --help-group GROUP` (e.g. `--help-group {max(hidden, key=hidden.__getitem__)}`).",
             )
 
 
-def panel_shown(group: str | None, short_help: bool, brief_extra: Iterable[str] = ()) -> Callable[[str], bool]:
+def panel_shown(group: str | None, short_help: bool) -> Callable[[str], bool]:
     """Whether help renders a panel's options (the others it only counts). `group`: see write_options."""
-    brief = {"Help", *BRIEF_PANELS, *brief_extra}
+    brief = {"Help", *BRIEF_PANELS}
 
     def shown(panel: str) -> bool:
         if panel == "Help" or group == "all":
             return True
         if group is None:
             return panel in brief or not short_help
-        return panel_slug(panel) == group
+        return in_group(panel, group)
 
     return shown
 
@@ -226,11 +241,13 @@ def help_docs(panels: list[str]) -> list[FlagDoc]:
     """The FlagDocs of `--help-all` and `--help-group GROUP` for a command with these option panels."""
     from miles.docs.flag import FlagDoc
 
-    slugs = tuple(panel_slug(p) for p in panels)
+    slugs = group_choices(panels)
+    families = [g for g in slugs if g not in {panel_slug(p) for p in panels}]
+    family = f" `{families[0]}` shows every {families[0]}-* group." if families else ""
     return [
         FlagDoc(("--help-all",), "help_all", "Help", "bool", (), None, False, False, None, None, None, "Show every option and exit."),
         FlagDoc(("--help-group",), "help_group", "Help", "str", slugs, None, None, False, None, None, None,
-                "Show the options of one group and exit."),
+                "Show the options of one group and exit." + family),
     ]  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from miles.docs.flag import FlagDoc
 from miles_cli import summaries
 from miles_cli.argv import help_request
 from miles_cli.errors import user_errors_exit_2
-from miles_cli.help import BRIEF_EXTRA, SGLANG_PANELS, help_parameters
+from miles_cli.help import help_parameters
 from miles_cli.options import NO_VALUE, flag_doc, run_control_specs
 from miles_cli.params import commandline_values, make_parameter, with_signature
 from recipes.base import ENV_PREFIX
@@ -140,14 +140,6 @@ def option_docs(
     return out
 
 
-def brief_extra(preview: Invocation | None) -> tuple[str, ...]:
-    """Panels the short help shows besides BRIEF_PANELS: the SGLang ones when this invocation runs SGLang
-    engines (--rollout-backend sglang given, or the recipe's). They are parsed either way, so a misplaced
-    one gets resolve()'s sentence."""
-    backend = preview.config.rollout.rollout_backend if preview is not None else None
-    return SGLANG_PANELS if backend == "sglang" else ()
-
-
 def build_run_command(command: Command, recipe: ModuleType, args: list[str] | None = None, *, parser_only: bool = False):
     """A Typer command function for `command` whose options are this recipe's and the engine's,
     each showing the value the invocation `args` (the arguments after the command name) would use.
@@ -198,7 +190,6 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
     panels = list(dict.fromkeys(s.panel for s, _, _, _ in declared))
     func = with_signature(run, [(ctx_param, None), *params, *help_parameters(panels)])
     setattr(func, FLAG_HINTS, flag_hints(recipe, command))
-    setattr(func, BRIEF_EXTRA, brief_extra(preview))
     return func
 
 

@@ -14,6 +14,12 @@
   `changed_param/<key>` (MLflow refuses to overwrite a param).
 - Metrics: keys mapped by `miles.tracking.keys.mlflow_key`; two keys that map to the same name are
   reported once and the later one is not sent to MLflow (the JSONL file still has it).
+- Resume (`resume_step=N`: steps >= N are about to be redone): the reopened run never holds a step
+  twice. With a SQL store (the default sqlite file, or a database URI) the points at steps >= N are
+  deleted first, so MLflow ends with the redone values, like metrics.jsonl. MLflow's API has no way
+  to delete a point, so with any other store (a tracking server), or an `--mlflow-run-id` that is not
+  the one this run directory recorded, a (metric, step) the run already holds is not sent again:
+  those steps keep the values MLflow has, with a warning.
 
 Uses `MlflowClient` (no global active run), so it never disturbs a caller's own mlflow usage.
 """
@@ -118,7 +124,9 @@ def _write_atomic(path: Path, text: str) -> None:
 class MlflowSink:
     name = "mlflow"
 
-    def __init__(self, cfg: TrackingConfig, *, run_dir: Path, run_id: str, params: Mapping[str, Any] | Any):
+    def __init__(
+        self, cfg: TrackingConfig, *, run_dir: Path, run_id: str, params: Mapping[str, Any] | Any, resume_step: int | None = None
+    ):
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -133,6 +141,7 @@ class MlflowSink:
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._key_owner: dict[str, str] = {}
         self._reported: set[str] = set()
+        self._held: set[tuple[str, int]] = set()  # (key, step) a reopened run already has and keeps
         id_file = Path(run_dir) / RUN_ID_FILE
 
         existing = None
@@ -160,6 +169,11 @@ class MlflowSink:
             if existing.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
             old_params = dict(existing.data.params)
+            if resume_step is not None and existing.data.metrics:
+                # Points are deleted only in the run this run directory recorded: an --mlflow-run-id of
+                # another miles run's keeps its points (this run's steps it already holds are skipped).
+                ours = id_file.exists() and id_file.read_text(encoding="utf-8").strip() == self.run_id
+                self._forget_from(resume_step, list(existing.data.metrics), delete=ours)
         else:
             experiment_id = self._experiment_id(cfg.mlflow_experiment_name, None if cfg.mlflow_tracking_uri else run_dir)
             run = self.client.create_run(
@@ -170,6 +184,40 @@ class MlflowSink:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         _write_atomic(id_file, self.run_id + "\n")
         self._log_params(params, old_params)
+
+    def _forget_from(self, step: int, keys: list[str], *, delete: bool) -> None:
+        """Before steps >= `step` are logged again: delete their points (`delete` and a SQL store), else
+        remember the (key, step) pairs the run holds so `log_many` skips them (see the module docstring)."""
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = self.client._tracking_client.store
+        if delete and isinstance(store, SqlAlchemyStore):
+            from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+            with store.ManagedSessionMaker(read_only=False) as session:  # one transaction: all of it or nothing
+                mine = SqlMetric.run_uuid == self.run_id
+                session.query(SqlMetric).filter(mine, SqlMetric.step >= step).delete(synchronize_session=False)
+                # latest_metrics may name a deleted point: rebuild it from what is left (MLflow's order:
+                # the greatest (step, timestamp, value) is the latest).
+                session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == self.run_id).delete(synchronize_session=False)
+                latest: dict[str, Any] = {}
+                for m in session.query(SqlMetric).filter(mine):
+                    old = latest.get(m.key)
+                    if old is None or (m.step, m.timestamp, m.value) > (old.step, old.timestamp, old.value):
+                        latest[m.key] = m
+                session.add_all(
+                    SqlLatestMetric(key=m.key, value=m.value, timestamp=m.timestamp, step=m.step, is_nan=m.is_nan, run_uuid=self.run_id)
+                    for m in latest.values()
+                )
+            return
+        for key in keys:
+            self._held.update((key, m.step) for m in self.client.get_metric_history(self.run_id, key) if m.step >= step)
+        if self._held:
+            log.warning(
+                "MLflow run %s already has steps >= %d, which this run logs again; they are not sent again (%s), "
+                "so MLflow keeps the values it has there (metrics.jsonl has the new ones)",
+                self.run_id, step, "its store cannot delete points" if delete else "it is not this run directory's MLflow run",
+            )
 
     def _experiment_id(self, name: str, run_dir: Path | None) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -227,7 +275,7 @@ class MlflowSink:
         for metrics, step in records:
             for key, value in metrics.items():
                 name = self._key(key)
-                if name is not None:
+                if name is not None and (name, step) not in self._held:
                     batch.append(Metric(name, value, ts, step))
         for i in range(0, len(batch), _METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _METRICS_PER_BATCH])

@@ -123,7 +123,8 @@ class Tracker:
       become `a.b` keys) or the `EngineConfig` itself, which gives `group.option` keys and masks
       options declared `secret=True`.
     - `resume_step`: on resume, the first step that will be logged again; records at steps >= it are
-      dropped from metrics.jsonl and hidden in TensorBoard. None for a fresh run.
+      dropped from metrics.jsonl and MLflow (mlflow_sink.py says how) and hidden in TensorBoard.
+      None for a fresh run.
     - `strict`: let a failing sink's `log` error propagate instead of counting it.
     """
 
@@ -150,7 +151,7 @@ class Tracker:
             if cfg.use_mlflow:
                 from miles.tracking.mlflow_sink import MlflowSink
 
-                self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params)
+                self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step)
                 if not strict:  # its store's writes off the loop's path (strict: errors raise in log())
                     from miles.tracking.background import BackgroundSink
 

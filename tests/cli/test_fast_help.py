@@ -28,7 +28,7 @@ BUILT = [sys.executable, "-c", (  # the program with the fast path switched off:
 RECIPES = ("tiny-qwen3", "qwen3-0.6b", "qwen3-4b", "kimi-k2")  # the embedded default, an HF recipe, two SGLang ones
 TRAIN_GROUPS = (
     "recipe", "cluster", "training", "rollout", "data", "eval", "algorithm", "reward", "optimizer", "checkpoint",
-    "tracking", "fault-tolerance", "debug", "sglang-launch", "sglang-server", "sglang-router", "run",
+    "tracking", "fault-tolerance", "debug", "sglang-launch", "sglang-server", "sglang-router", "run", "sglang",
 )  # fmt: skip
 
 

@@ -68,8 +68,28 @@ def test_resume_continues_the_same_run_and_truncates_jsonl(mlflow_run_dir: Path)
     assert run.data.tags["changed_param/seed"] == "7"  # ... so the new value is kept as a tag
     assert len(client.search_runs([run.info.experiment_id])) == 1
     steps = sorted((m.step, m.value) for m in client.get_metric_history(first_id, "rollout/raw_reward"))
-    assert (2, 20.0) in steps and (2, 2.0) in steps  # MLflow cannot delete points: both are kept
+    assert steps == [(0, 0.0), (1, 1.0), (2, 20.0)]  # the redone step once, with its new value (issue 28)
+    assert run.data.metrics["rollout/raw_reward"] == 20.0  # the latest value is the redone one, not step 3's
     assert [(r["step"], r["rollout/raw_reward"]) for r in read_metrics(t.metrics_path)] == [(0, 0.0), (1, 1.0), (2, 20.0)]
+
+
+def test_resume_on_a_store_that_cannot_delete_keeps_one_point_per_step(tmp_path: Path, monkeypatch, caplog) -> None:
+    """MLflow's file store (like a tracking server) has no delete: a redone step is not sent again."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = TrackingConfig(use_mlflow=True, mlflow_tracking_uri=(tmp_path / "mlruns").as_uri())
+    t = Tracker(cfg, run_dir=tmp_path / "run", run_id="r", params={}, strict=True)
+    for step in range(4):
+        t.log({"rollout/raw_reward": float(step), "train/loss": 1.0}, step=step)
+    t.finish("KILLED")
+    t = Tracker(cfg, run_dir=tmp_path / "run", run_id="r", params={}, resume_step=2, strict=True)
+    assert "its store cannot delete points" in caplog.text
+    for step in range(2, 5):
+        t.log({"rollout/raw_reward": 10.0 * step, "train/loss": 2.0}, step=step)
+    t.finish()
+    client = MlflowClient(tracking_uri=cfg.mlflow_tracking_uri)
+    history = sorted((m.step, m.value) for m in client.get_metric_history(t.mlflow.run_id, "rollout/raw_reward"))
+    assert history == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    assert sorted(m.step for m in client.get_metric_history(t.mlflow.run_id, "train/loss")) == [0, 1, 2, 3, 4]
 
 
 def test_explicit_run_id_resumes_that_run_and_unknown_id_is_a_user_error(
@@ -77,13 +97,19 @@ def test_explicit_run_id_resumes_that_run_and_unknown_id_is_a_user_error(
 ) -> None:
     uri = f"sqlite:///{mlflow_run_dir.resolve() / 'mlflow.db'}"
     t = Tracker(TrackingConfig(use_mlflow=True), run_dir=mlflow_run_dir, run_id="a", params={})
+    t.log({"x": 1.0}, step=0)
     t.finish()
     other_dir = tmp_path / "elsewhere"  # another output dir, same store, explicit --mlflow-run-id
     cfg = TrackingConfig(use_mlflow=True, mlflow_tracking_uri=uri, mlflow_run_id=t.mlflow.run_id)
-    t2 = Tracker(cfg, run_dir=other_dir, run_id="b", params={})
+    t2 = Tracker(cfg, run_dir=other_dir, run_id="b", params={}, resume_step=0, strict=True)
     assert t2.mlflow.run_id == t.mlflow.run_id
     assert (other_dir / "mlflow_run_id.txt").read_text().strip() == t.mlflow.run_id
+    t2.log({"x": 2.0}, step=0)
+    t2.log({"x": 3.0}, step=1)
     t2.finish()
+    # Another directory's MLflow run: its points are never deleted, and step 0 is not logged twice.
+    history = MlflowClient(tracking_uri=uri).get_metric_history(t.mlflow.run_id, "x")
+    assert sorted((m.step, m.value) for m in history) == [(0, 1.0), (1, 3.0)]
 
     bad = dataclasses.replace(cfg, mlflow_run_id="0" * 32)
     with pytest.raises(UserError, match="--mlflow-run-id 0{32} is not a run") as info:
