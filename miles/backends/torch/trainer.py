@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
+from miles.backends.collectives import all_reduce_, reduce_floats
 from miles.backends.torch.fsdp import full_tensor
 from miles.backends.precision import compute_context, engine_dtype
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
@@ -71,10 +72,8 @@ def _all_reduce_metrics(local: dict[str, float]) -> dict[str, float]:
         (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
     ):
         keys = sorted(k for k in local if pick(k))
-        if keys:
-            packed = torch.tensor([local[k] for k in keys], dtype=torch.float64)
-            dist.all_reduce(packed, op=op)
-            out.update(zip(keys, packed.tolist()))
+        if keys:  # on the group's device: NCCL refuses CPU tensors
+            out.update(zip(keys, reduce_floats([local[k] for k in keys], op=op)))
     return out
 
 
@@ -189,8 +188,7 @@ class TorchBackend(TrainerBackend):
         return self.world_size
 
     def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t)
-        return t
+        return all_reduce_(t)
 
     def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
         return _all_reduce_metrics(local) if self.world_size > 1 else local
