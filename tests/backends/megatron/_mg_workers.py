@@ -4,7 +4,8 @@
 port, one torch thread each); every rank builds the trainer from `job["config"]` (option values by
 field name), optionally loads a checkpoint, trains on the rollouts `job["rollouts"]` (seeds for
 `reference.make_train_data`), optionally saves a checkpoint after rollout `job["save_after"]`,
-and rank 0 writes `result.pt`: the metrics of every rollout, the weights checksum, the HF tensors
+and rank 0 writes `result.pt` (with `job["offload_each_rollout"]` the trainer's storages are released
+and restored after every rollout, the bytes held before, released, and held after): the metrics of every rollout, the weights checksum, the HF tensors
 from `iter_weight_buckets` and (with `job["export_hf"]`) an HF export of the same weights.
 """
 
@@ -62,6 +63,11 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         data = make_train_data(job.get("samples", 8), seed=seed, vocab=job.get("vocab", 19))
         result["metrics"].append(train_rollout(trainer, data, rollout_id=k,
                                                reuse_on_policy_log_probs=job.get("reuse_on_policy_log_probs", True)))
+        if job.get("offload_each_rollout"):  # what --offload-train does on a GPU, here on the CPU's storages
+            held = _held_bytes(trainer)
+            freed = trainer.offload_to_host("cpu")
+            result.setdefault("offload", []).append((held, freed, _held_bytes(trainer)))
+            trainer.onload()
         if job.get("save_after") == k:
             os.makedirs(job["save"], exist_ok=True)
             trainer.save_checkpoint(job["save"])
@@ -69,6 +75,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         result["log_probs"], result["entropy"] = log_probs()
     result["checksum"] = trainer.weights_checksum()
     result["dtypes"] = _dtypes(trainer)
+    result["num_params"] = sum(p.numel() for p in trainer.model.parameters())
     buckets = list(trainer.iter_weight_buckets(job.get("bucket_bytes", 64 * 1024)))
     result["num_buckets"] = len(buckets)
     result["bucket_tensors"] = [(n, t.clone()) for b in buckets for n, t in b]
@@ -83,6 +90,17 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         torch.save(result, os.path.join(out_dir, "result.pt"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _held_bytes(trainer) -> int:
+    """Bytes of the distinct storages behind parameters, gradient buffers and optimizer state."""
+    from miles.backends.megatron.checkpoint import _inner_optimizers
+
+    tensors = list(trainer.model.parameters()) + [b.grad_data for b in trainer.model.buffers]
+    for opt in _inner_optimizers(trainer):
+        tensors += [p for g in opt.optimizer.param_groups for p in g["params"]]
+        tensors += [v for st in opt.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
 def _dtypes(trainer) -> dict:
