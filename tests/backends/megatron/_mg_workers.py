@@ -37,15 +37,18 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
 
     from _mg_reference import make_train_data
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    device = job.get("device", "cpu")  # "cuda": NCCL, one GPU per rank (the GPU-only tests)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
     from miles.backends.megatron.trainer import MegatronTrainer
     from miles.train.step import train_rollout
     from miles.config.resolve import build_config, fill_derived
 
     cfg = build_config(job["config"])
     fill_derived(cfg)
-    trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device="cpu")
+    trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device=device)
     trainer.layout = job.get("layout")  # None: the cheaper layout per micro-batch
     if job.get("load"):
         trainer.load_checkpoint(job["load"])
@@ -55,7 +58,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         from miles.train.packing import pack_samples
 
         data = make_train_data(4, seed=job["log_probs_seed"], vocab=job.get("vocab", 19))
-        return trainer.compute_log_probs(pack_samples(data, range(4), "cpu"), with_entropy=True)
+        lp, ent = trainer.compute_log_probs(pack_samples(data, range(4), device), with_entropy=True)
+        return lp.cpu(), ent.cpu()
 
     if job.get("log_probs_seed") is not None:
         result["initial_log_probs"], result["initial_entropy"] = log_probs()
@@ -65,8 +69,11 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
                                                reuse_on_policy_log_probs=job.get("reuse_on_policy_log_probs", True)))
         if job.get("offload_each_rollout"):  # what --offload-train does on a GPU, here on the CPU's storages
             held = _held_bytes(trainer)
-            freed = trainer.offload_to_host("cpu")
+            allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
+            freed = trainer.offload_to_host(device)
+            offloaded = torch.cuda.memory_allocated() if device == "cuda" else 0
             result.setdefault("offload", []).append((held, freed, _held_bytes(trainer)))
+            result.setdefault("cuda_allocated", []).append((allocated, offloaded))
             trainer.onload()
         if job.get("save_after") == k:
             os.makedirs(job["save"], exist_ok=True)
@@ -76,9 +83,11 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     result["checksum"] = trainer.weights_checksum()
     result["dtypes"] = _dtypes(trainer)
     result["num_params"] = sum(p.numel() for p in trainer.model.parameters())
+    result["devices"] = sorted({p.device.type for p in trainer.model.parameters()})
     buckets = list(trainer.iter_weight_buckets(job.get("bucket_bytes", 64 * 1024)))
     result["num_buckets"] = len(buckets)
-    result["bucket_tensors"] = [(n, t.clone()) for b in buckets for n, t in b]
+    result["bucket_devices"] = sorted({t.device.type for b in buckets for _, t in b})
+    result["bucket_tensors"] = [(n, t.cpu().clone()) for b in buckets for n, t in b]
     if job.get("export_hf") and trainer.is_weight_source:
         from miles.ckpt.hf_export import export_hf
 
