@@ -65,11 +65,18 @@ class Options(RecipeOptions):
 
 def plan(o: Options) -> RecipePlan:
     o.resolve()  # derived recipe options (run id, SFT steps) from their declared rules
-    steps = o.sft_steps
-    seed = o.prepare_seed
     # Every parameter of a prepared directory is in its name: a changed option is a different
     # directory, never a stale reuse (build_once would refuse a mismatch anyway, but as an error).
-    model_tag = f"tiny-qwen3-h{MODEL['hidden_size']}-l{MODEL['num_layers']}-seed{seed}"
+    model_tag = f"tiny-qwen3-h{MODEL['hidden_size']}-l{MODEL['num_layers']}-seed{o.prepare_seed}"
+    return task_plan(o, model_tag=model_tag, create_model="miles.prepare.tiny_model:create_tiny_qwen3", model_args=MODEL,
+                     model_what="a random 2-layer Qwen3 and its character tokenizer")
+
+
+def task_plan(o: Options, *, model_tag: str, create_model: str, model_args: dict, model_what: str) -> RecipePlan:
+    """The addition task's plan for the tiny model `create_model(out_dir=..., seed=..., **model_args)`
+    writes (also the plan of recipes/tiny_qwen3_moe.py); `o` already resolved."""
+    steps = o.sft_steps
+    seed = o.prepare_seed
     task_tag = f"arith-add{TASK['max_operand']}-train{TASK['n_train']}-eval{TASK['n_eval']}-seed{seed}"
     base_model = f"{o.model_dir}/{model_tag}"
     sft_model = f"{o.model_dir}/{model_tag}-{task_tag}-sft{steps}"
@@ -107,10 +114,10 @@ def plan(o: Options) -> RecipePlan:
     prepare = [
         PrepareStep(
             "create-model",
-            "miles.prepare.tiny_model:create_tiny_qwen3",
-            {"out_dir": base_model, "seed": seed, **MODEL},
+            create_model,
+            {"out_dir": base_model, "seed": seed, **model_args},
             f"{base_model}/.miles-complete",
-            "a random 2-layer Qwen3 and its character tokenizer",
+            model_what,
         ),
         PrepareStep(
             "create-data",

@@ -184,3 +184,52 @@ def create_tiny_qwen3(
         (build_chat_tokenizer() if chat else build_char_tokenizer()).save_pretrained(tmp)
 
     return build_once(out_dir, spec, build, what="tiny Qwen3 model")
+
+
+def create_tiny_qwen3_moe(
+    out_dir: str | os.PathLike[str],
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    num_experts: int = 4,
+    experts_per_token: int = 2,
+    moe_intermediate: int = 128,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny Qwen3-MoE (`Qwen3MoeForCausalLM`: every layer's MLP `num_experts` routed SwiGLU
+    experts of width `moe_intermediate`, top-`experts_per_token` with normalised weights, untied
+    embeddings) and the arithmetic tokenizer to `out_dir`, like `create_tiny_qwen3`. transformers fuses
+    its experts in memory; the checkpoint holds them per expert (`mlp.experts.{e}.gate_proj.weight`)."""
+    if hidden_size % heads or heads % kv_heads or experts_per_token > num_experts:
+        raise ValueError("hidden_size must divide by heads, heads by kv_heads, and experts_per_token <= num_experts")
+    spec = {"kind": "tiny-qwen3-moe", "hidden_size": hidden_size, "num_layers": num_layers, "heads": heads,
+            "kv_heads": kv_heads, "num_experts": num_experts, "experts_per_token": experts_per_token,
+            "moe_intermediate": moe_intermediate, "max_position_embeddings": max_position_embeddings, "seed": seed,
+            "vocab": "".join(TASK_CHARS)}
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        vocab = tiny_vocab()
+        config = Qwen3MoeConfig(
+            vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=moe_intermediate,
+            moe_intermediate_size=moe_intermediate, num_experts=num_experts, num_experts_per_tok=experts_per_token,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=num_layers,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden_size // heads,
+            max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
+            bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN],
+            torch_dtype="float32",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen3MoeForCausalLM(config)
+        model.generation_config = GenerationConfig(
+            bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN])
+        model.save_pretrained(tmp)
+        build_char_tokenizer().save_pretrained(tmp)
+
+    return build_once(out_dir, spec, build, what="tiny Qwen3-MoE model")

@@ -34,12 +34,17 @@ _FUSED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<kind>gate_up_proj|down_proj)
 _CHECKPOINT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
+def is_fused_expert(name: str, tensor: "torch.Tensor") -> bool:
+    """Whether `name` is a fused experts parameter (`*.experts.gate_up_proj` / `down_proj`, 3-D)."""
+    return tensor.dim() == 3 and _FUSED.match(name) is not None
+
+
 def checkpoint_tensors(named: Iterable[tuple[str, "torch.Tensor"]], model_type: str | None) -> Iterator[tuple[str, "torch.Tensor"]]:
     """`named` with fused expert tensors of a `FUSED_MODEL_TYPES` model split into checkpoint names."""
     fused = model_type in FUSED_MODEL_TYPES
     for name, tensor in named:
-        m = _FUSED.match(name) if fused else None
-        if m is None or tensor.dim() != 3:
+        m = _FUSED.match(name) if fused and tensor.dim() == 3 else None
+        if m is None:
             yield name, tensor
             continue
         prefix = m["prefix"]

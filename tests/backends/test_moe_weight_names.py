@@ -85,3 +85,32 @@ def test_other_models_and_tensors_pass_through():
     assert list(checkpoint_tensors([("m.experts.gate_up_proj", t)], "qwen3")) == [("m.experts.gate_up_proj", t)]
     assert [n for n, _ in checkpoint_tensors([("m.experts.gate_up_proj", t)], "qwen3_moe")] == [
         "m.experts.0.gate_proj.weight", "m.experts.0.up_proj.weight", "m.experts.1.gate_proj.weight", "m.experts.1.up_proj.weight"]
+
+
+def test_the_builtin_engine_takes_checkpoint_names_refuses_fused_ones_and_matches_the_trainer(tmp_path):
+    """What --check-weight-update-equal compares on the tiny-qwen3-moe recipe: after a sync of trained
+    weights the built-in engine's checksum (in checkpoint names) equals the trainer's. The engine, like
+    SGLang, knows the checkpoint names only: a fused in-memory name is refused, so a trainer sending
+    those would fail the sync instead of leaving the experts untrained."""
+    from miles.prepare.tiny_model import create_tiny_qwen3_moe
+    from miles.rollout.engine.builtin import BuiltinEngine
+    from miles.train.step import train_rollout
+
+    hf = str(create_tiny_qwen3_moe(tmp_path / "hf", hidden_size=32, moe_intermediate=24))
+    cfg, trainer = _trainer(hf)
+    vocab = trainer.model.config.vocab_size
+    data = make_train_data(8, seed=1)
+    data["tokens"] = [[t % vocab for t in seq] for seq in data["tokens"]]
+    train_rollout(trainer, data, rollout_id=0)
+    engine = BuiltinEngine(hf, seed=0)
+    assert engine.get_weights_checksum() != trainer.weights_checksum()  # trained: the engine is behind
+    engine.begin_weight_update()
+    for bucket in trainer.iter_weight_buckets(4096):
+        engine.update_weights_from_tensors(bucket)
+    with pytest.raises(KeyError, match="in-memory"):
+        engine.update_weights_from_tensors([("model.layers.0.mlp.experts.gate_up_proj",
+                                             trainer.model.model.layers[0].mlp.experts.gate_up_proj.detach())])
+    engine.end_weight_update(1)
+    assert engine.get_weights_checksum() == trainer.weights_checksum()
+    fused = dict(engine.model.named_parameters())["model.layers.1.mlp.experts.gate_up_proj"]
+    assert torch.equal(fused, trainer.model.model.layers[1].mlp.experts.gate_up_proj.detach())

@@ -59,6 +59,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from miles.errors import UserError
+from miles.utils.hf_experts import FUSED_MODEL_TYPES, checkpoint_tensors, fused_slice, is_fused_expert
 from miles.rollout.engine.base import (
     FinishType,
     GenerateRequest,
@@ -224,6 +225,11 @@ class BuiltinEngine(RolloutEngine):
         self._cache_kw = "cache" if "cache" in forward_args else "past_key_values"
         # Every name a trainer may send, tied weights included (lm_head.weight is embed_tokens.weight).
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # MoE experts transformers fuses in memory: SGLang knows only their checkpoint names (and drops
+        # others), so this engine takes those (miles/utils/hf_experts.py) and refuses the fused ones.
+        model_type = getattr(self.model.config, "model_type", None)
+        self._fused_names = frozenset(n for n, p in self._params.items()
+                                      if model_type in FUSED_MODEL_TYPES and is_fused_expert(n, p))
         # The fast decoder for the Llama family (decoder.py); other models run Hugging Face's forward.
         if decode_path not in ("auto", "hf"):
             raise ValueError(f"decode_path must be 'auto' or 'hf', got {decode_path!r}")
@@ -615,7 +621,12 @@ class BuiltinEngine(RolloutEngine):
             raise RuntimeError("update_weights_from_tensors() must run between begin_weight_update() and end")
         with self._model_lock, torch.no_grad():
             for name, tensor in named_tensors:
+                if name in self._fused_names:
+                    raise KeyError(f"{name!r} is transformers' in-memory (fused) name of MoE experts; send the "
+                                   "checkpoint's names (mlp.experts.{e}.gate_proj.weight, ...), which SGLang loads")
                 param = self._params.get(name)
+                if param is None:  # a checkpoint-named MoE expert: its slice of the fused parameter
+                    param = fused_slice(self._params, name)
                 if param is None:
                     raise KeyError(
                         f"{name!r} is not a parameter of the rollout model ({self.hf_dir}); "
@@ -676,8 +687,9 @@ class BuiltinEngine(RolloutEngine):
         }
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, tensor) for every parameter, tied ones listed once."""
-        return self.model.named_parameters()
+        """(Hugging Face checkpoint name, tensor) for every parameter, tied ones listed once; MoE experts
+        that transformers fuses in memory are listed per expert, as trainers send them."""
+        return checkpoint_tensors(self.model.named_parameters(), getattr(self.model.config, "model_type", None))
 
     def get_weights_checksum(self) -> str:
         return weights_checksum(self.named_parameters())
