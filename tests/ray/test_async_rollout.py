@@ -94,6 +94,19 @@ def test_mask_offpolicy_zeroes_the_old_policy_tokens(setup):  # noqa: F811
     for idx, mask in masks.items():
         assert mask == ([0] * 7 + [1] * 33 if idx in old else [1] * 40)
     assert set(old) <= set(masks)
+    # Through the policy loss: the old-policy tokens' log-probs get no gradient, every other token does.
+    import torch
+
+    from miles.algo.losses import policy_loss
+    from miles.algo.segments import pack
+    from miles.config.algo import AlgoConfig
+
+    mask, seg = pack([torch.tensor(x, dtype=torch.float32) for x in td["loss_masks"]])
+    lp = torch.linspace(-3.0, -0.5, mask.numel()).requires_grad_()
+    cfg = AlgoConfig(eps_clip_high=0.2)
+    loss, _ = policy_loss(cfg, log_probs=lp, old_log_probs=lp.detach() - 0.05, advantages=torch.ones_like(mask), loss_mask=mask, segments=seg)
+    loss.backward()
+    assert torch.equal(lp.grad == 0, mask == 0) and int((mask == 0).sum()) == 7 * len(old)
 
 
 def _fill_buffer(m, timeout=120.0):
