@@ -80,7 +80,7 @@ def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, 
     """rollout/weight_staleness_{mean,max}: per sample, the trainer's weight version when it trains the
     sample (rollout r trains on version r, the weights after r updates) minus the oldest version among its
     tokens: 0 in the synchronous loop, 1 with one-step overlap."""
-    lags = [current_version - min(v) for v in ([x for x in s.weight_versions or [] if x is not None] for s in samples) if v]
+    lags = [current_version - v for v in (s.oldest_weight_version() for s in samples) if v is not None]
     if not lags:
         return {}
     return {"rollout/weight_staleness_mean": sum(lags) / len(lags), "rollout/weight_staleness_max": float(max(lags))}
