@@ -158,7 +158,7 @@ class PromptDataset(Sequence[Sample]):
                     f"{where}: no key {input_key!r} (the row has {sorted(row)}); set --input-key to the key holding the prompt.",
                     option="--input-key",
                 )
-            if label_key is not None and label_key not in row:
+            if label_key is not None and label_key not in row and not conversations:  # SFT: no label needed
                 raise UserError(
                     f"{where}: no key {label_key!r} (the row has {sorted(row)}); set --label-key to the key holding the answer.",
                     option="--label-key",
@@ -170,7 +170,7 @@ class PromptDataset(Sequence[Sample]):
                 tools = default_tools
             if conversations:
                 self._samples.append(self._conversation(prompt, tools, where, tokenizer, template_kwargs))
-                self._samples[-1].label = row[label_key] if label_key is not None else None
+                self._samples[-1].label = row.get(label_key) if label_key is not None else None
                 self._samples[-1].metadata = metadata
                 continue
             text = self._render(prompt, tools, where, tokenizer, apply_chat_template, template_kwargs)
