@@ -53,6 +53,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("train/kl_loss", "Mean KL to the reference model (`--kl-loss-type`), with `--use-kl-loss`."),
     ("train/train_rollout_logprob_abs_diff", "Mean |trainer log-prob − rollout-engine log-prob| (engine mismatch)."),
     ("train/train_rollout_kl", "Mean low-variance KL between rollout-engine and trainer log-probs."),
+    ("train/opd_reverse_kl", "--use-opd: mean of student log-prob − teacher log-prob over trained tokens (the reverse KL to the teacher, from the log-probs before the update)."),
     ("train/tis", "Mean truncated importance-sampling weight, with `--use-tis`."),
     ("train/tis_clipfrac", "Fraction of tokens whose TIS weight was truncated."),
     ("train/tis_abs", "Mean |TIS weight − 1|."),
