@@ -21,6 +21,10 @@ around every forward, which runs matmuls in bf16 from the fp32 parameters (norms
 log-probs stay fp32; backward follows the forward's dtypes, so parameter gradients are fp32 and DDP
 reduces them in fp32). The log-probs are always computed in fp32 from the (bf16) logits.
 
+`--use-opd --opd-type megatron` loads the distillation teacher (`--opd-teacher-load`) beside the actor
+like the reference model: frozen, never given to the optimizer, never saved, offloaded with the actor;
+`forward(model="teacher")` gives its log-probs.
+
 `role="critic"` builds PPO's critic instead (miles/backends/torch/value_model.py: the decoder of
 `--critic-load` with a scalar value head, no LM head and no reference model): `values()` gives its
 per-token values and `forward_backward` hands its loss function values in place of log-probs. A
@@ -162,6 +166,16 @@ class TorchBackend(TrainerBackend):
                 from miles.backends.torch.fsdp import shard_response_logits
 
                 shard_response_logits(self.ref_net, device, bf16=self.bf16)
+        self.teacher_net: ResponseLogits | None = None
+        opd = cfg.opd
+        if role == "actor" and opd.use_opd and opd.opd_type == "megatron":
+            teacher = _load_causal_lm(opd.opd_teacher_load, device)
+            teacher.eval().requires_grad_(False)
+            self.teacher_net = ResponseLogits(teacher)
+            if self.fsdp:
+                from miles.backends.torch.fsdp import shard_response_logits
+
+                shard_response_logits(self.teacher_net, device, bf16=self.bf16)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         # FSDP's policy casts inside the sharded modules; autocast would only cast them again.
         self._compute = lambda: compute_context(device, bf16=self.bf16 and not self.fsdp)
@@ -180,6 +194,10 @@ class TorchBackend(TrainerBackend):
         return self.ref_net is not None or (self.peft is not None and self.uses_reference)
 
     @property
+    def has_teacher(self) -> bool:
+        return self.teacher_net is not None
+
+    @property
     def dp_rank(self) -> int:
         return self.rank
 
@@ -195,7 +213,7 @@ class TorchBackend(TrainerBackend):
 
     # ----------------------------------------------------------------------------------------------
     def forward(
-        self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+        self, batches: list[PackedBatch], *, model: Literal["actor", "ref", "teacher"] = "actor", with_entropy: bool = False
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per batch, log-probs [R] (and entropy [R]) of its response tokens, no grad, at the rollout
         temperature; each batch is one forward."""
@@ -203,8 +221,10 @@ class TorchBackend(TrainerBackend):
             raise RuntimeError("the critic has no log-probs; call values()")
         if model == "ref" and not self.has_reference:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
+        if model == "teacher" and self.teacher_net is None:
+            raise RuntimeError("no teacher is loaded: it is loaded only with --use-opd --opd-type megatron")
         base_only = model == "ref" and self.peft is not None
-        net = self.net if model == "actor" or base_only else self.ref_net
+        net = {"actor": self.net, "ref": self.net if base_only else self.ref_net, "teacher": self.teacher_net}[model]
         # No-grad passes score the policy itself: dropout (--lora-dropout) is for the training pass only.
         self.model.eval()
         out = []
@@ -282,7 +302,7 @@ class TorchBackend(TrainerBackend):
             return  # already in host memory
         # The wrappers, not the HF models: under FSDP they are the roots, whose `.to()` re-points
         # the sharded parameters FSDP keeps (the HF model's own `.to()` would miss the root's).
-        for net in (self.net, self.ref_net):
+        for net in (self.net, self.ref_net, self.teacher_net):
             if net is not None:
                 net.to(device)
         for state in self.optimizer.state.values():
