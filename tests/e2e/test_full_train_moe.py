@@ -2,7 +2,8 @@
 transformers fuses in memory trains on the torch backend, and after every weight sync
 `--check-weight-update-equal` (on in this recipe) finds the engine's weights, in checkpoint names,
 equal to the trainer's; on megatron the recipe's EP=2 is refused with exit 2 (not run there yet).
-The debug run takes about 3 minutes on 2 busy cores (slow); the refusal a few seconds."""
+The debug run takes about 3 minutes on 2 busy cores and the learning run (500 rollouts) about 10 (both
+slow); the refusal a few seconds."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def test_debug_minimal_moe_trains_and_every_sync_passes_the_weight_check(tmp_pat
     assert any(row.get("train/grad_norm", 0) > 0 for row in rows)
     options = json.loads((tmp_path / "runs" / "moe" / "options.json").read_text())["options"]
     assert options["--check-weight-update-equal"]["value"] in ("true", True)  # a failed check exits non-zero
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_moe_recipe_learns_with_the_weight_check_on(tmp_path: Path):
+    """Issue 21's bar, as for the dense default: held-out greedy accuracy after RL at least 0.2 above the
+    SFT warm start (the step-0 eval), every sync checked (a failed check exits non-zero)."""
+    r = subprocess.run(MILES + ["full-train", "--model-name", "tiny-qwen3-moe", *_dirs(tmp_path), "--run-id", "moe"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=2300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "moe" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row["eval/arith/accuracy"] for row in rows if "eval/arith/accuracy" in row]
+    assert evals[-1] >= evals[0] + 0.2, evals
 
 
 def test_megatron_refuses_the_recipes_expert_parallel_layout_with_exit_2(tmp_path: Path):
