@@ -290,3 +290,16 @@ def cpu_compat() -> Iterator[None]:
         yield
     finally:
         _restore()
+
+
+def ensure_moe_router_without_te() -> None:
+    """megatron-core 0.16.1's MoE router (`moe_utils.router_gating_linear`) tests `te_general_gemm is not
+    None`, a name `moe_utils` defines only when TransformerEngine imports; without TE (every CPU, and a
+    GPU with --transformer-impl local and no TE installed) the first MoE forward raises NameError. The
+    name set to None makes it take its own torch.mm path, as the check intends. Idempotent; nothing
+    happens when TE defined it."""
+    check_version()
+    with quiet_megatron_import():
+        from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
