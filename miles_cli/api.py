@@ -298,6 +298,8 @@ def resolve(
     for name, value in overrides.items():
         s = r_specs.get(name) or e_specs.get(name)
         if s is None:
+            if command == "eval" and name in {r.name for r in recipe_specs(module)}:
+                raise UserError(f"{name!r} is not an option of eval (only training reads it).", option=name)
             if name in linked_options(module):
                 raise UserError(f"{name!r} is set by the recipe option {linked_options(module)[name].name!r}; pass that instead.", option=name)
             raise _unknown(name, list(r_specs) + list(e_specs))

@@ -78,7 +78,8 @@ def execute(inv, *, checkpoint: str | None = None):
             from miles_cli.output import write_options_file
 
             # Training runs only: an eval is a reader and never writes into a run directory.
-            write_options_file(inv)
+            written = write_options_file(inv)
+            console.print(f"[dim]Every option: {escape(str(written))}[/dim]", highlight=False, soft_wrap=True)
             result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.env)
     except KeyboardInterrupt as e:
         _stderr.print(escape(stop_report(e, **kept)), highlight=False, soft_wrap=True)
