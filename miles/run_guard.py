@@ -53,7 +53,9 @@ def preflight(inv: Any, checkpoint: str | None = None, *, planning: bool = False
         # stderr: the plan on stdout is the same on every machine (the frozen recipe plans compare it).
         print(f"Note: train/full-train here would exit 2: {e}", file=sys.stderr)
     pending = pending_outputs(inv.plan) if inv.command == "full-train" else []
-    check_inputs(inv.config, command=inv.command, checkpoint=checkpoint, pending=pending)
+    # For train: what full-train would create, so only a missing input there suggests it.
+    creatable = pending_outputs(inv.plan) if inv.command == "train" else []
+    check_inputs(inv.config, command=inv.command, checkpoint=checkpoint, pending=pending, creatable=creatable)
     if inv.command == "eval":
         return
     for d in lock_dirs(inv):

@@ -16,7 +16,9 @@ Each problem is a `UserError` naming the option and the fix (exit 2, one sentenc
 - `--use-prometheus`: `--prometheus-host`:`--prometheus-port` can be bound now.
 
 `pending` lists the directories that `miles full-train`'s prepare steps have yet to create: inputs
-inside them are checked after those steps ran, not before. `--dry-run` runs the same checks.
+inside them are checked after those steps ran, not before. `creatable` (for `miles train`) lists the
+same directories, which train does not prepare: a missing input inside one suggests `miles full-train`,
+any other does not (full-train would not create it). `--dry-run` runs the same checks.
 Reads files only; imports neither torch nor Ray.
 """
 
@@ -167,21 +169,27 @@ def _port(host: str, port: int) -> None:
         raise
 
 
-def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pending: Iterable[Path] = ()) -> None:
+def check_inputs(
+    cfg: Any, *, command: str, checkpoint: str | None = None, pending: Iterable[Path] = (), creatable: Iterable[Path] = ()
+) -> None:
     """Raise a `UserError` for the first input of this run that is missing or unreadable (see module doc)."""
     pending = [Path(p).absolute() for p in pending]
-    hint = " Run `miles full-train` to prepare it." if command == "train" else ""
+    creatable = [Path(p).absolute() for p in creatable]
+
+    def hint_for(path: str | None) -> str:
+        return " Run `miles full-train` to prepare it." if path and _is_pending(path, creatable) else ""
+
     r, d, e = cfg.rollout, cfg.data, cfg.eval
     if checkpoint and (Path(checkpoint) / "config.json").is_file():
         pass  # `miles eval --checkpoint HF_DIR` evaluates that model instead of --hf-checkpoint
     elif not (r.hf_checkpoint and _is_pending(r.hf_checkpoint, pending)):
-        _hf_dir(r.hf_checkpoint, "--hf-checkpoint", _hub_hint(r.hf_checkpoint) or hint)
+        _hf_dir(r.hf_checkpoint, "--hf-checkpoint", _hub_hint(r.hf_checkpoint) or hint_for(r.hf_checkpoint))
     if command != "eval":
         if d.prompt_data is None:
             raise UserError("--prompt-data is required to train; give a .jsonl or .parquet file.", option="--prompt-data")
         if not _is_pending(d.prompt_data, pending):
             if not Path(d.prompt_data).is_file():
-                raise MissingInput(f"--prompt-data {d.prompt_data} does not exist; give a .jsonl or .parquet file.{hint}", option="--prompt-data")
+                raise MissingInput(f"--prompt-data {d.prompt_data} does not exist; give a .jsonl or .parquet file.{hint_for(d.prompt_data)}", option="--prompt-data")
             _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=None if cfg.algo.loss_type == "sft_loss" else d.label_key)  # SFT rows need no label
         a = cfg.algo
         if (a.use_kl_loss or a.kl_coef != 0) and cfg.ckpt.ref_load and not _is_pending(cfg.ckpt.ref_load, pending):
@@ -195,7 +203,7 @@ def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pendi
     for name, path in zip(pairs[0::2], pairs[1::2]):
         if not _is_pending(path, pending):
             if not Path(path).is_file():
-                raise MissingInput(f"--eval-prompt-data {name} {path}: no such file; give a .jsonl or .parquet file.{hint}", option="--eval-prompt-data")
+                raise MissingInput(f"--eval-prompt-data {name} {path}: no such file; give a .jsonl or .parquet file.{hint_for(path)}", option="--eval-prompt-data")
             _rows(path, flag="--eval-prompt-data", input_key=e.eval_input_key or d.input_key, label_key=e.eval_label_key or d.label_key)
     if checkpoint:
         p = Path(checkpoint)

@@ -39,8 +39,11 @@ Command = Literal["full-train", "train", "eval"]
 COMMANDS: tuple[Command, ...] = ("full-train", "train", "eval")
 
 
-def recipe_specs(recipe: ModuleType) -> list[OptionSpec]:
-    return specs_of(recipe.Options, "recipe", "Recipe")
+def recipe_specs(recipe: ModuleType, command: Command | None = None) -> list[OptionSpec]:
+    """The recipe options; for `eval` only those eval reads (declared `in_eval=True`): the trainer's
+    layout, backend and warm start are not options of an eval."""
+    specs = specs_of(recipe.Options, "recipe", "Recipe")
+    return [s for s in specs if command != "eval" or s.in_eval]
 
 
 def linked_options(recipe: ModuleType) -> dict[str, OptionSpec]:
@@ -64,9 +67,14 @@ def flag_hints(recipe: ModuleType, command: Command) -> dict[str, str]:
             for flag in (e.flag, "--no-" + e.flag[2:]) if e.kind in ("bool", "tristate") else (e.flag,):
                 hints[flag] = f"the recipe option {r.flag} sets this engine option; give {r.flag} instead."
     if command == "eval":
-        for s in option_specs():
-            if not s.in_eval and s.name not in linked_options(recipe):
-                hints[s.flag] = "not an option of `miles eval` (only training reads it)."
+        linked = linked_options(recipe)
+        training_only = [s for s in option_specs() if not s.in_eval and s.name not in linked]
+        for r in recipe_specs(recipe):
+            if not r.in_eval:  # the recipe option, and the engine option it names
+                training_only += [r] + [e for e in option_specs() if e.name in linked and linked[e.name].name == r.name]
+        for s in training_only:
+            for flag in (s.flag, "--no-" + s.flag[2:]) if s.kind in ("bool", "tristate") else (s.flag,):
+                hints[flag] = "not an option of `miles eval` (only training reads it)."
     return hints
 
 
@@ -280,7 +288,7 @@ def resolve(
     if command not in COMMANDS:
         raise UserError(f"command {command!r} is not one of {', '.join(COMMANDS)}.", option="command")
     module = get_recipe(recipe or environ.get(ENV_PREFIX + "MODEL_NAME") or DEFAULT_RECIPE)
-    r_specs = {s.name: s for s in recipe_specs(module)}
+    r_specs = {s.name: s for s in recipe_specs(module, command)}
     e_specs = {s.name: s for s in engine_specs_for(module, command)}
     recipe_values = recipe_values_from_env(module, {"model_name": module.NAME}, environ)
     recipe_sources = {name: "env MILES_SCRIPT_*" for name in recipe_values if name != "model_name"}
@@ -290,6 +298,8 @@ def resolve(
     for name, value in overrides.items():
         s = r_specs.get(name) or e_specs.get(name)
         if s is None:
+            if command == "eval" and name in {r.name for r in recipe_specs(module)}:
+                raise UserError(f"{name!r} is not an option of eval (only training reads it).", option=name)
             if name in linked_options(module):
                 raise UserError(f"{name!r} is set by the recipe option {linked_options(module)[name].name!r}; pass that instead.", option=name)
             raise _unknown(name, list(r_specs) + list(e_specs))

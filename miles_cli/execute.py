@@ -22,10 +22,10 @@ console = Console()
 _stderr = Console(stderr=True)
 
 
-def check_can_run(cfg) -> None:
-    """What a plan (--dry-run) may describe but this build cannot start: several training nodes, and
-    SGLang engines without the GPUs and packages they need."""
-    if cfg.cluster.actor_num_nodes != 1:  # a plan (--dry-run) may span nodes; running one needs multi-node training
+def check_can_run(cfg, *, trains: bool = True) -> None:
+    """What a plan (--dry-run) may describe but this build cannot start: several training nodes (not
+    for an eval, which starts no trainer), and SGLang engines without the GPUs and packages they need."""
+    if trains and cfg.cluster.actor_num_nodes != 1:  # a plan (--dry-run) may span nodes; running one needs multi-node training
         raise UserError(
             "--actor-num-nodes > 1 needs a multi-node Ray cluster, which this build's trainer does not launch yet; "
             "use 1 (--dry-run prints the multi-node plan).",
@@ -47,7 +47,7 @@ def execute(inv, *, checkpoint: str | None = None):
 
         check_can_train(inv)
     check_hardware_present(inv.options.hardware, ray_address=cfg.cluster.ray_address)
-    check_can_run(cfg)
+    check_can_run(cfg, trains=inv.command != "eval")
     os.environ.update(inv.env)
     # A quiet console: no Hugging Face bars for loading or writing weights (set it to 0 to see them).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -78,7 +78,8 @@ def execute(inv, *, checkpoint: str | None = None):
             from miles_cli.output import write_options_file
 
             # Training runs only: an eval is a reader and never writes into a run directory.
-            write_options_file(inv)
+            written = write_options_file(inv)
+            console.print(f"[dim]Every option: {escape(str(written))}[/dim]", highlight=False, soft_wrap=True)
             result = run_training(cfg, run_dir=inv.options.run_dir, run_id=inv.options.run_id, env=inv.env)
     except KeyboardInterrupt as e:
         _stderr.print(escape(stop_report(e, **kept)), highlight=False, soft_wrap=True)

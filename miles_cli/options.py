@@ -26,22 +26,25 @@ NO_VALUE = object()
 """A derived option whose value is not known for this invocation: help states only its rule."""
 
 
+def _dry_run() -> bool:
+    return option(False, help="Resolve and print every option (and the prepare steps), then stop without running anything.")
+
+
 @dataclass
 class RunControls:
     """Options of `full-train` and `train` that steer the command itself, not the run's configuration."""
 
-    dry_run: bool = option(
-        False, help="Resolve and print every option (and the prepare steps), then stop without running anything."
-    )
+    dry_run: bool = _dry_run()
 
 
 @dataclass
-class EvalControls(RunControls):
-    """`miles eval` also takes the model to evaluate."""
+class EvalControls:
+    """`miles eval` takes the model to evaluate, first, and --dry-run."""
 
     checkpoint: str | None = option(
         None, help="Model to evaluate: a Hugging Face directory or a miles checkpoint directory; unset = --hf-checkpoint."
     )
+    dry_run: bool = _dry_run()
 
 
 RUN_PANEL = "Run"

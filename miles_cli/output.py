@@ -118,9 +118,9 @@ def print_changed_options(inv) -> None:
     rows = [(flag, value, source) for _, flag, value, source in option_rows(inv) if flag in changed]
     for flag, value, source in rows:
         console.print(f"  {flag} {value}  [dim]({source})[/dim]", highlight=False)
-    # Printed before the file exists (it is written once training starts, never by a failed start or
-    # a rerun that trains nothing), so it says when, not that it is there.
-    console.print(f"[dim]Every option: rerun with --dry-run; a run that trains records them in {Path(inv.options.run_dir) / OPTIONS_FILE}.[/dim]")
+    # Printed before anything is checked: options.json does not exist yet (a failed start or a rerun
+    # that trains nothing never writes it), so its path is printed once it is written (execute.py).
+    console.print("[dim]Every option and its source: rerun with --dry-run.[/dim]")
 
 
 def write_options_file(inv) -> Path:

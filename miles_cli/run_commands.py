@@ -82,7 +82,7 @@ def preview_invocation(command: Command, recipe: ModuleType, args: list[str] | N
         except ClickException:
             ctx = None
         if ctx is not None:
-            r_names = {s.name for s in recipe_specs(recipe)}
+            r_names = {s.name for s in recipe_specs(recipe, command)}
             e_names = {s.name for s in engine_specs_for(recipe, command)}
             for name, value in ctx.params.items():
                 source = ctx.get_parameter_source(name)
@@ -116,7 +116,9 @@ def option_docs(
     cannot be resolved (help then shows the declared defaults and rules). `shown(panel)`: make FlagDocs
     only for the panels it accepts (None for the others; help only counts those)."""
     out: list[tuple[OptionSpec, Any, FlagDoc | None, str | None]] = []
-    for s in recipe_specs(recipe):
+    if command == "eval":  # what to evaluate comes first: --checkpoint is the option eval is for
+        out += [(s, s.default, flag_doc(s, s.default), None) for s in run_control_specs(command)]
+    for s in recipe_specs(recipe, command):
         value = getattr(preview.options, s.name) if preview is not None else getattr(recipe.Options(), s.name)
         env = ENV_PREFIX + s.name.upper()
         out.append((s, value, flag_doc(s, value, env=env), env))
@@ -135,8 +137,8 @@ def option_docs(
             if s.name in preview.recipe_rules:  # the recipe computes it: the value and the recipe's rule
                 doc = dataclasses.replace(doc, default=None, derived=preview.recipe_rules[s.name], derived_value=format_value(value))
             out.append((s, value, doc, None))
-    for s in run_control_specs(command):
-        out.append((s, s.default, flag_doc(s, s.default), None))
+    if command != "eval":
+        out += [(s, s.default, flag_doc(s, s.default), None) for s in run_control_specs(command)]
     return out
 
 
@@ -145,7 +147,7 @@ def build_run_command(command: Command, recipe: ModuleType, args: list[str] | No
     each showing the value the invocation `args` (the arguments after the command name) would use.
     `parser_only`: a command only to parse with (its help shows the declared defaults); it resolves
     nothing, which the preview itself needs when MILES_SCRIPT_EXTRA_ARGS must be parsed."""
-    r_specs = recipe_specs(recipe)
+    r_specs = recipe_specs(recipe, command)
     e_specs = engine_specs_for(recipe, command)
     preview = None if parser_only else preview_invocation(command, recipe, args)
     declared = option_docs(command, recipe, preview)

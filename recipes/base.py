@@ -72,13 +72,17 @@ def default_run_id(options: "RecipeOptions", **distinct: object) -> str:
 class RecipeOptions:
     """Options every recipe has. Recipes subclass this and may change defaults or add options."""
 
-    model_name: str = option("tiny-qwen3", help="Recipe (model) to run; `miles <command> --model-name NAME --help` shows its defaults.")
+    # `in_eval=True`: `miles eval` reads the option (and offers it); the others only steer training.
+    model_name: str = option(
+        "tiny-qwen3", help="Recipe (model) to run; `miles <command> --model-name NAME --help` shows its defaults.", in_eval=True
+    )
     mode: Literal["normal", "debug_minimal"] = option(
-        "normal", help="normal runs the recipe as designed; debug_minimal runs a few steps to check the wiring."
+        "normal", help="normal runs the recipe as designed; debug_minimal runs a few steps to check the wiring.", in_eval=True
     )
     run_id: str | None = option(
         help="Name of this run; outputs go to <output-dir>/<run-id>, and rerunning with the same id resumes it.",
         derived=Derived("--model-name, plus -<mode> unless --mode normal", lambda r: default_run_id(r)),
+        in_eval=True,
     )
     num_nodes: int = option(1, help="Nodes for the training actors.", engine="actor_num_nodes")
     num_gpus_per_node: int = option(
@@ -90,6 +94,7 @@ class RecipeOptions:
         help="Where the run trains and generates: cpu forces the CPU; auto uses a visible GPU, else the CPU; a GPU "
         "name trains on GPUs and exits 2 where none is visible (--dry-run still prints its plan).",
         engine="device",
+        in_eval=True,
         to_engine=lambda hardware: {"cpu": "cpu", "auto": "auto"}.get(hardware, "cuda"),
     )
     train_backend: Literal["torch", "fsdp", "megatron"] = option(
@@ -100,11 +105,12 @@ class RecipeOptions:
         help="Deterministic training: seeded, deterministic kernels, so reruns and resumes give identical weights.",
         engine="deterministic_mode",
     )
-    output_dir: str = option("runs", help="Where runs write checkpoints, metrics and plots (<output-dir>/<run-id>).")
-    model_dir: str = option("runs/models", help="Where prepared models live.")
-    data_dir: str = option("runs/data", help="Where prepared datasets live.")
+    output_dir: str = option("runs", help="Where runs write checkpoints, metrics and plots (<output-dir>/<run-id>).", in_eval=True)
+    model_dir: str = option("runs/models", help="Where prepared models live.", in_eval=True)
+    data_dir: str = option("runs/data", help="Where prepared datasets live.", in_eval=True)
     extra_args: str = option(
-        "", help='Engine flags appended after the recipe\'s and the command line\'s, e.g. "--lr 1e-5 --num-rollout 10"; later wins.'
+        "", help='Engine flags appended after the recipe\'s and the command line\'s, e.g. "--lr 1e-5 --num-rollout 10"; later wins.',
+        in_eval=True,
     )
 
     def engine_values(self) -> dict[str, Any]:

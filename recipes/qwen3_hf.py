@@ -22,8 +22,8 @@ HF_NAMES = {"qwen3-0.6b": "Qwen3-0.6B"}
 class Options(RecipeOptions):
     model_name: str = recipe_default("model_name", NAME)
     prompt_file: str = option("dapo-math-17k.jsonl", help="Prompt file inside --data-dir (JSONL with prompt and label keys).")
-    eval_file: str = option("aime-2024.jsonl", help="Eval file inside --data-dir (JSONL with prompt and label keys).")
-    task: Literal["math"] = option("math", help="Task: math prompts scored by the math verifier.")
+    eval_file: str = option("aime-2024.jsonl", help="Eval file inside --data-dir (JSONL with prompt and label keys).", in_eval=True)
+    task: Literal["math"] = option("math", help="Task: math prompts scored by the math verifier.", in_eval=True)
 
 
 def plan(o: Options) -> RecipePlan:

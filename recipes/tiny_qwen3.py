@@ -50,6 +50,7 @@ class Options(RecipeOptions):
             "--model-name, plus -<mode> unless --mode normal, plus -seed<N> unless --prepare-seed 0",
             lambda o: default_run_id(o, **({"seed": o.prepare_seed} if o.prepare_seed else {})),
         ),
+        in_eval=True,
     )
     num_gpus_per_node: int = recipe_default("num_gpus_per_node", 1)
     hardware: Literal["auto", "cpu", "H100", "H200", "B200", "GB200"] = recipe_default("hardware", "cpu")
@@ -59,7 +60,8 @@ class Options(RecipeOptions):
         derived=Derived("375, or 2 with --mode debug_minimal", lambda o: 2 if o.mode == "debug_minimal" else 375),
     )
     prepare_seed: int = option(
-        0, help="Seed of the tiny model's initial weights, the task's train/held-out split and the SFT batches."
+        0, help="Seed of the tiny model's initial weights, the task's train/held-out split and the SFT batches.",
+        in_eval=True,  # names the prepared model and held-out data eval reads
     )
 
 

@@ -213,7 +213,8 @@ def _check_token_budget(cfg: EngineConfig) -> None:
 def _check(cfg: EngineConfig, purpose: Purpose) -> None:
     d, r, c = cfg.data, cfg.rollout, cfg.cluster
     _check_engines(cfg)
-    _check_megatron(cfg)
+    if purpose == "train":  # an eval builds no trainer: its layout and kernels are not the eval's to fix
+        _check_megatron(cfg)
     from miles.config import sglang as sglang_options
 
     sglang_options.check(cfg)

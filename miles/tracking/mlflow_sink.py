@@ -190,6 +190,10 @@ class MlflowSink:
         remember the (key, step) pairs the run holds so `log_many` skips them (see the module docstring)."""
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+        # Why delete rather than only skip the held (key, step) pairs: the redone steps are not always
+        # the values MLflow holds. Timings (perf/*) differ in every run, every value differs without
+        # --train-deterministic (the GPU recipes' default), and steps the killed attempt logged past
+        # the point where the resume stops would stay; MLflow's public API cannot delete a point.
         store = self.client._tracking_client.store
         if delete and isinstance(store, SqlAlchemyStore):
             from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric

@@ -76,6 +76,8 @@ def test_api_mistakes_are_the_cli_mistakes():
         api.resolve(extra_args="--lr-typo 1")
     with pytest.raises(UserError, match="'lr' is not an option of this command"):
         api.resolve(command="eval", lr=1e-3)
+    with pytest.raises(UserError, match="'train_backend' is not an option of eval"):  # a recipe option only training reads
+        api.resolve(command="eval", train_backend="fsdp")
 
 
 def test_the_cli_is_a_layer_over_the_api():

@@ -17,6 +17,7 @@ import pytest
 from miles.config.engine import option_specs
 from miles.config.sglang import GROUPS as SGLANG_GROUPS
 from miles.config.values import format_value
+from miles_cli.api import recipe_specs
 from miles_cli.run_commands import engine_specs_for, resolve_invocation
 from recipes import RECIPES
 from tests.cli.helpers import help_rows, invoke, shown_default, shown_derived
@@ -35,7 +36,10 @@ def test_help_defaults_equal_resolved_values(command, recipe_name):
     inv = resolve_invocation(command, recipe, recipe.Options(), {}, [])
     expected: dict[str, str] = {}
     derived_text: dict[str, str] = {}
+    offered = {s.name for s in recipe_specs(recipe, command)}  # eval offers only the recipe options it reads
     for f in dataclasses.fields(inv.options):
+        if f.name not in offered:
+            continue
         flag = "--" + f.name.replace("_", "-")
         expected[flag] = format_value(getattr(inv.options, f.name))
         if f.metadata.get("derived") is not None:

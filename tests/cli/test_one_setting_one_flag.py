@@ -245,10 +245,33 @@ def test_eval_offers_exactly_what_eval_reads():
     rows = help_rows(miles("eval", "--help-all").stdout)
     recipe = RECIPES["tiny-qwen3"]
     engine = {s.flag for s in option_specs() if s.in_eval and s.name not in linked_options(recipe)}
-    expected = engine | {s.flag for s in recipe_specs(recipe)} | {"--dry-run", "--checkpoint", "--help-all", "--help-group", "--help"}
+    expected = engine | {s.flag for s in recipe_specs(recipe, "eval")} | {"--dry-run", "--checkpoint", "--help-all", "--help-group", "--help"}
     assert set(rows) == expected
     r = miles("eval", "--lr", "1e-4")
     assert r.returncode == 2 and "--lr: not an option of `miles eval`" in r.stderr
+
+
+@pytest.mark.parametrize("recipe_name", ["tiny-qwen3", "qwen3-4b"])
+def test_eval_help_starts_with_the_checkpoint_and_has_no_training_options(recipe_name):
+    """Issue 28: `miles eval --help` listed --train-backend and --sft-steps, with --checkpoint last."""
+    out = miles("eval", "--model-name", recipe_name, "--help").stdout
+    rows = list(help_rows(out))
+    assert rows[0] == "--checkpoint", rows[:5]
+    for training in ("--train-backend", "--sft-steps", "--num-nodes", "--num-gpus-per-node", "--train-deterministic", "--prompt-file"):
+        assert training not in rows and training not in miles("eval", "--model-name", recipe_name, "--help-all").stdout
+    assert {"--model-name", "--run-id", "--hardware", "--data-dir", "--extra-args"} <= set(rows)
+    assert ("--prepare-seed" in rows) == (recipe_name == "tiny-qwen3")  # names the prepared model and data eval reads
+    for argv in (["--train-backend", "fsdp"], ["--no-train-deterministic"], ["--extra-args", "--lr 1e-5"], ["--actor-num-nodes", "2"]):
+        r = miles("eval", "--model-name", recipe_name, *argv)
+        assert r.returncode == 2 and "not an option of `miles eval` (only training reads it)" in r.stderr, (argv, r.stderr)
+
+
+def test_eval_is_not_stopped_by_the_trainers_layout(tmp_path):
+    """An eval builds no trainer: qwen3-4b's megatron kernels (TransformerEngine) do not stop an eval on
+    the CPU, which used to exit 2 naming --transformer-impl, an option eval does not offer."""
+    r = miles("eval", "--model-name", "qwen3-4b", "--hardware", "cpu", "--dry-run", cwd=tmp_path)
+    assert "--transformer-impl" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: --hf-checkpoint runs/models/Qwen3-4B does not exist"), r.stderr
 
 
 def test_convert_save_is_required():

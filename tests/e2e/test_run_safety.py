@@ -49,6 +49,9 @@ def work(tmp_path_factory) -> Path:
     r = miles(["full-train", "--mode", "debug_minimal", *where(work)], work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (work / "runs" / DEBUG_ID / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # A run that trains names its options file once it is written (issue 28: a failed start names none).
+    assert f"Every option: {work / 'runs' / DEBUG_ID / 'options.json'}\n" in r.stdout, r.stdout[:3000]
+    assert (work / "runs" / DEBUG_ID / "options.json").is_file()
     return work
 
 
