@@ -81,7 +81,7 @@ def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, 
     """rollout/weight_staleness_{mean,max}: per sample, the trainer's weight version when it trains the
     sample (rollout r trains on version r, the weights after r updates) minus the oldest version among its
     tokens: 0 in the synchronous loop, 1 with one-step overlap."""
-    lags = [current_version - min(v) for v in ([x for x in s.weight_versions or [] if x is not None] for s in samples) if v]
+    lags = [current_version - v for v in (s.oldest_weight_version() for s in samples) if v is not None]
     if not lags:
         return {}
     return {"rollout/weight_staleness_mean": sum(lags) / len(lags), "rollout/weight_staleness_max": float(max(lags))}
@@ -153,6 +153,12 @@ class RolloutManager:
         self.rollout_fn = load_rollout_function(rollout_function_path(cfg)) if train_data else None
         self._state_before: dict[int, dict[str, Any]] = {}
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
+        self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples
+        o = cfg.opd
+        if train_data and o.use_opd and o.opd_type == "sglang":
+            from miles.rollout.opd_teacher import TeacherScorer
+
+            self.teacher = TeacherScorer(o.opd_teacher_urls[0], student_dir=r.hf_checkpoint, temperature=r.rollout_temperature)
 
     # ------------------------------------------------------------------ generation
     def num_prompts(self) -> int:
@@ -328,6 +334,13 @@ class RolloutManager:
             custom_convert=self.custom_convert,
             hook_args=self.cfg,
         )
+        teacher_metrics = {}
+        if self.teacher is not None:
+            t_teacher = time.perf_counter()
+            lps = train_data["teacher_log_probs"] = self.teacher.score(train_data["tokens"], train_data["response_lengths"])
+            n = sum(len(x) for x in lps)
+            teacher_metrics = {"rollout/teacher_log_probs": sum(map(sum, lps)) / max(n, 1),
+                               "perf/opd_teacher_time": time.perf_counter() - t_teacher}
         elapsed = time.perf_counter() - t0
         raw = torch.tensor(train_data["raw_reward"], dtype=torch.float64)
         sizes = [len(g) for g in kept]
@@ -348,6 +361,7 @@ class RolloutManager:
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             **counts,
             **turn_metrics(samples, "rollout"),
+            **teacher_metrics,
         }
         if a.overlapped or a.partial_rollout:
             metrics.update(staleness_metrics(samples, rollout_id))
