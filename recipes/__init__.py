@@ -17,6 +17,7 @@ from miles.errors import UserError
 RECIPE_MODULES: dict[str, str] = {
     "tiny-qwen3": "recipes.tiny_qwen3",
     "tiny-qwen3-moe": "recipes.tiny_qwen3_moe",
+    "tiny-qwen3-tools": "recipes.tiny_qwen3_tools",
     "qwen3-0.6b": "recipes.qwen3_hf",
     # real models, as data (recipes/catalog)
     "qwen3-4b": "recipes.catalog.qwen3_4b",

@@ -65,8 +65,9 @@ class AlgoConfig:
     )
     loss_type: LossType = option(
         "policy_loss",
-        help="Training objective: policy_loss (PPO surrogate), sft_loss (negative log-likelihood of the responses), "
-        "or custom_loss (--custom-loss-function-path).",
+        help="Training objective: policy_loss (PPO surrogate), sft_loss (supervised fine-tuning: --prompt-data rows are "
+        "chat conversations, trained on as they are, the negative log-likelihood of their assistant messages; "
+        "miles.rollout.sft_rollout), or custom_loss (--custom-loss-function-path).",
     )
     custom_loss_function_path: str | None = option(
         None, help="Loss used with --loss-type custom_loss, as package.module.function or file.py:function."

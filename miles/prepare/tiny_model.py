@@ -87,24 +87,32 @@ CHAT_TEMPLATE = (
 )
 
 
-def chat_vocab() -> dict[str, int]:
+TOOL_WORDS = ("system\n", "user\n", "assistant\n", "tools: ", "calculator", '{"name": "', '", "arguments": ',
+              '{"expression": "', '"}}')
+"""Multi-character tokens of the tool recipe's tokenizer (`words=TOOL_WORDS`): the chat template's role
+names and the calculator call's JSON, so a tool conversation is ~60 tokens instead of ~200 characters
+(a 2-layer model then copies the numbers over short distances, and a CPU trains it in minutes)."""
+
+
+def chat_vocab(words: tuple[str, ...] = ()) -> dict[str, int]:
     """Token -> id of the chat variant: specials (pad 0, bos 1, eos `<|im_end|>` 2, unk 3, `<|im_start|>` 4),
-    the tool tags, then `CHAT_CHARS`."""
-    return {tok: i for i, tok in enumerate((*CHAT_SPECIAL_TOKENS, *CHAT_TAG_TOKENS, *CHAT_CHARS))}
+    the tool tags, `CHAT_CHARS`, then `words` (so the ids of everything before stay the same)."""
+    return {tok: i for i, tok in enumerate((*CHAT_SPECIAL_TOKENS, *CHAT_TAG_TOKENS, *CHAT_CHARS, *words))}
 
 
-def build_chat_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_chat_tokenizer(words: tuple[str, ...] = ()):  # -> transformers.PreTrainedTokenizerFast
     """The chat variant of the character tokenizer: printable ASCII, Qwen3's tool tags and a chat template
-    (`CHAT_TEMPLATE`) that takes `tools=`; eos is `<|im_end|>`, as in Qwen3."""
+    (`CHAT_TEMPLATE`) that takes `tools=`; eos is `<|im_end|>`, as in Qwen3. `words` are extra
+    multi-character tokens, matched in the text before it is split into characters (like the tags)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     pad, bos, eos, unk, _ = CHAT_SPECIAL_TOKENS
-    tok = Tokenizer(models.WordLevel(vocab=chat_vocab(), unk_token=unk))
+    tok = Tokenizer(models.WordLevel(vocab=chat_vocab(words), unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m:.)"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(list(CHAT_SPECIAL_TOKENS))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TAG_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*CHAT_TAG_TOKENS, *words)])
     out = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=pad, bos_token=bos, eos_token=eos, unk_token=unk,
         padding_side="left", clean_up_tokenization_spaces=False, model_max_length=4096,
@@ -125,13 +133,16 @@ def create_tiny_qwen3(
     tie_word_embeddings: bool = True,
     seed: int = 0,
     chat: bool = False,
+    chat_words: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Write the tiny Qwen3 model + tokenizer to `out_dir` (atomically) and return its path.
 
     Skipped when `out_dir` is already complete with the same arguments; a complete directory built
     with other arguments raises `UserError`. `chat=True` gives it the chat tokenizer
-    (`build_chat_tokenizer`: printable ASCII, tool tags, a chat template) instead of the arithmetic one.
+    (`build_chat_tokenizer`: printable ASCII, tool tags, a chat template) instead of the arithmetic one,
+    with `chat_words` as extra multi-character tokens (e.g. `TOOL_WORDS`).
     """
+    chat_words = tuple(chat_words)
     if hidden_size % heads or heads % kv_heads:
         raise ValueError(
             f"hidden_size ({hidden_size}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
@@ -151,12 +162,14 @@ def create_tiny_qwen3(
     if chat:  # a key only the chat variant has: the default directory's spec (and bytes) stay as they were
         spec["vocab"] = "".join((*CHAT_SPECIAL_TOKENS, *CHAT_TAG_TOKENS, CHAT_CHARS))
         spec["chat_template"] = CHAT_TEMPLATE
+        if chat_words:
+            spec["chat_words"] = list(chat_words)
 
     def build(tmp: Path) -> None:
         import torch
         from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-        vocab = chat_vocab() if chat else tiny_vocab()
+        vocab = chat_vocab(chat_words) if chat else tiny_vocab()
         eos_token = CHAT_SPECIAL_TOKENS[2] if chat else EOS_TOKEN
         config = Qwen3Config(
             vocab_size=len(vocab),
@@ -181,7 +194,7 @@ def create_tiny_qwen3(
             bos_token_id=vocab[BOS_TOKEN], eos_token_id=vocab[eos_token], pad_token_id=vocab[PAD_TOKEN]
         )
         model.save_pretrained(tmp)
-        (build_chat_tokenizer() if chat else build_char_tokenizer()).save_pretrained(tmp)
+        (build_chat_tokenizer(chat_words) if chat else build_char_tokenizer()).save_pretrained(tmp)
 
     return build_once(out_dir, spec, build, what="tiny Qwen3 model")
 
