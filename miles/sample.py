@@ -55,6 +55,12 @@ class Sample:
     def response_tokens(self) -> list[int]:
         return self.tokens[len(self.tokens) - self.response_length :]
 
+    def oldest_weight_version(self) -> int | None:
+        """The oldest weight version among the response's tokens; `weight_version` when only that is recorded
+        (a generate function that sets the version of the request that finished the response); None when neither."""
+        versions = [v for v in self.weight_versions or [] if v is not None]
+        return min(versions) if versions else self.weight_version
+
     def effective_loss_mask(self) -> list[int]:
         return self.loss_mask if self.loss_mask is not None else [1] * self.response_length
 

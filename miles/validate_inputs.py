@@ -182,7 +182,7 @@ def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pendi
         if not _is_pending(d.prompt_data, pending):
             if not Path(d.prompt_data).is_file():
                 raise MissingInput(f"--prompt-data {d.prompt_data} does not exist; give a .jsonl or .parquet file.{hint}", option="--prompt-data")
-            _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=d.label_key)
+            _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=None if cfg.algo.loss_type == "sft_loss" else d.label_key)  # SFT rows need no label
         a = cfg.algo
         if (a.use_kl_loss or a.kl_coef != 0) and cfg.ckpt.ref_load and not _is_pending(cfg.ckpt.ref_load, pending):
             _hf_dir(cfg.ckpt.ref_load, "--ref-load", " --use-kl-loss and --kl-coef read the reference model from there.")

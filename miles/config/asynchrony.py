@@ -71,6 +71,15 @@ class AsyncConfig:
                 fail(f"--max-weight-staleness must be >= 0 (got {self.max_weight_staleness}).", "--max-weight-staleness")
         if self.update_weights_interval < 1:
             fail(f"--update-weights-interval must be at least 1 (got {self.update_weights_interval}).", "--update-weights-interval")
+        if self.max_weight_staleness is not None and self.max_weight_staleness < self.update_weights_interval - 1:
+            # Between two pushes the engines serve weights up to interval - 1 updates old, so every group
+            # would be refused and the step would wait for groups that can never come.
+            fail(
+                f"--max-weight-staleness {self.max_weight_staleness} is below what --update-weights-interval "
+                f"{self.update_weights_interval} makes the engines lag between pushes ({self.update_weights_interval - 1}), "
+                f"so no group could be trained; give --max-weight-staleness {self.update_weights_interval - 1} or more.",
+                "--max-weight-staleness",
+            )
         if self.update_weights_interval != 1 and not self.overlapped:
             fail("--update-weights-interval is honoured only by --train-async or --fully-async (the synchronous loop syncs every step); add one or drop it.", "--update-weights-interval")
         if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:

@@ -32,8 +32,8 @@ TAKE_TIMEOUT_S = 1800.0  # one step's worth of generation on a loaded CPU
 
 
 def group_lag(group: list[Sample], trainer_version: int) -> int | None:
-    """Updates the group's oldest token lags behind `trainer_version`; None when no token has a version."""
-    versions = [v for s in group for v in (s.weight_versions or []) if v is not None]
+    """Updates the group's oldest token lags behind `trainer_version`; None when no sample has a version."""
+    versions = [v for v in (s.oldest_weight_version() for s in group) if v is not None]
     return None if not versions else trainer_version - min(versions)
 
 
@@ -138,7 +138,13 @@ class AsyncRolloutWorker:
                     continue
                 draw, g, samples = self._buffer.popleft()
                 lag = group_lag(samples, rollout_id)
-                if self.bound is not None and lag is not None and lag > self.bound:
+                if self.bound is not None and lag is None:  # unbounded data must not pass as fresh
+                    raise StepFailed(
+                        f"--max-weight-staleness: the generate function gave prompt group {samples[0].group_index} no weight "
+                        "version (Sample.weight_versions or weight_version, from the engine's response), so its staleness "
+                        "cannot be bounded; record it in the generate function or drop --max-weight-staleness"
+                    )
+                if self.bound is not None and lag > self.bound:
                     self._counts["rollout/stale_groups_regenerated"] += 1
                     self.m.data_source.add_samples([[self.as_fresh(s) for s in g]])
                     continue

@@ -53,6 +53,7 @@ from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
 from miles.rollout.generate_hub.turn_metrics import turn_metrics
 from miles.rollout.generate_hub.types import as_groups, as_samples
 from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.sft_rollout import rollout_function_path
 from miles.rollout.tools.execution import load_tool_specs
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
@@ -80,7 +81,7 @@ def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, 
     """rollout/weight_staleness_{mean,max}: per sample, the trainer's weight version when it trains the
     sample (rollout r trains on version r, the weights after r updates) minus the oldest version among its
     tokens: 0 in the synchronous loop, 1 with one-step overlap."""
-    lags = [current_version - min(v) for v in ([x for x in s.weight_versions or [] if x is not None] for s in samples) if v]
+    lags = [current_version - v for v in (s.oldest_weight_version() for s in samples) if v is not None]
     if not lags:
         return {}
     return {"rollout/weight_staleness_mean": sum(lags) / len(lags), "rollout/weight_staleness_max": float(max(lags))}
@@ -124,7 +125,8 @@ class RolloutManager:
 
             self.tokenizer = AutoTokenizer.from_pretrained(r.hf_checkpoint, local_files_only=True)
         if train_data:  # `miles eval` needs only the eval datasets
-            self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
+            # --loss-type sft_loss trains on the rows' conversations (miles.rollout.sft_rollout)
+            self.dataset = PromptDataset.from_config(d, r, self.tokenizer, conversations=cfg.algo.loss_type == "sft_loss")
             self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
         self.eval_datasets: dict[str, PromptDataset] = {}
         pairs = cfg.eval.eval_prompt_data or []
@@ -148,7 +150,7 @@ class RolloutManager:
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
         self.client = EngineClient(self.engine)
         self.generate_fn = load_generate_function(r.custom_generate_function_path)
-        self.rollout_fn = load_rollout_function(r.rollout_function_path) if train_data else None
+        self.rollout_fn = load_rollout_function(rollout_function_path(cfg)) if train_data else None
         self._state_before: dict[int, dict[str, Any]] = {}
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
         self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples

@@ -104,6 +104,8 @@ ROWS = [
     ("fully-async-partial", "train", ["--dry-run"], ["--fully-async", "--use-tis", "--no-colocate", "--partial-rollout"], 2, "drop --partial-rollout"),
     ("two-async-modes", "train", ["--dry-run"], ["--train-async", "--fully-async", "--use-tis", "--no-colocate"], 2, "two driver modes"),
     ("staleness-without-fully-async", "train", ["--dry-run"], ["--max-weight-staleness", "1"], 2, "--max-weight-staleness bounds the buffer of --fully-async"),
+    ("staleness-below-interval", "train", ["--dry-run"], ["--fully-async", "--use-tis", "--no-colocate", "--update-weights-interval", "3", "--max-weight-staleness", "1"], 2,
+     "give --max-weight-staleness 2 or more"),
     ("interval-without-async", "train", ["--dry-run"], ["--update-weights-interval", "2"], 2, "--update-weights-interval is honoured only by"),
     ("mask-without-partial", "train", ["--dry-run"], ["--mask-offpolicy-in-partial-rollout"], 2, "add --partial-rollout or drop the mask"),
     ("train-async-rollout-only", "train", ["--dry-run"], ["--train-async", "--no-colocate", "--debug-rollout-only"], 2, "--debug-rollout-only never trains"),

@@ -48,3 +48,6 @@ def test_fully_async_on_two_engine_servers_learns_within_the_staleness_bound(tmp
     logged = rows(run_dir)
     lag = [r["rollout/weight_staleness_max"] for r in logged if "rollout/weight_staleness_max" in r]
     assert len(lag) == 200 and max(lag) <= 1.0
+    # The bound was exercised: groups more than one update old reached the trainer's take and were sent
+    # back (without the check they would have been trained, and the line above would fail).
+    assert sum(r.get("rollout/stale_groups_regenerated", 0.0) for r in logged) > 0

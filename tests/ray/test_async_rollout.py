@@ -4,8 +4,12 @@ older than --max-weight-staleness, and its checkpoint state loses and repeats no
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
+
+from miles.errors import StepFailed
 from miles.ray.fully_async import group_lag
 from miles.sample import SampleStatus
 from tests.ray.test_rollout_manager import make, setup  # noqa: F401  (the module fixture)
@@ -90,6 +94,19 @@ def test_mask_offpolicy_zeroes_the_old_policy_tokens(setup):  # noqa: F811
     for idx, mask in masks.items():
         assert mask == ([0] * 7 + [1] * 33 if idx in old else [1] * 40)
     assert set(old) <= set(masks)
+    # Through the policy loss: the old-policy tokens' log-probs get no gradient, every other token does.
+    import torch
+
+    from miles.algo.losses import policy_loss
+    from miles.algo.segments import pack
+    from miles.config.algo import AlgoConfig
+
+    mask, seg = pack([torch.tensor(x, dtype=torch.float32) for x in td["loss_masks"]])
+    lp = torch.linspace(-3.0, -0.5, mask.numel()).requires_grad_()
+    cfg = AlgoConfig(eps_clip_high=0.2)
+    loss, _ = policy_loss(cfg, log_probs=lp, old_log_probs=lp.detach() - 0.05, advantages=torch.ones_like(mask), loss_mask=mask, segments=seg)
+    loss.backward()
+    assert torch.equal(lp.grad == 0, mask == 0) and int((mask == 0).sum()) == 7 * len(old)
 
 
 def _fill_buffer(m, timeout=120.0):
@@ -100,16 +117,40 @@ def _fill_buffer(m, timeout=120.0):
         time.sleep(0.1)
 
 
-def test_fully_async_never_hands_out_a_group_older_than_the_bound(setup):  # noqa: F811
-    m = make(setup, fully_async=True, use_tis=True, max_weight_staleness=0, rollout_max_response_len=4)
+def _dumped(tmp_path, rollout_id: int) -> list[dict]:
+    return [json.loads(x) for x in (tmp_path / f"{rollout_id}.jsonl").read_text().splitlines()]
+
+
+def test_fully_async_never_hands_out_a_group_older_than_the_bound(setup, tmp_path):  # noqa: F811
+    dump = str(tmp_path / "{rollout_id}.jsonl")
+    m = make(setup, fully_async=True, use_tis=True, max_weight_staleness=0, rollout_max_response_len=4, save_debug_rollout_data=dump)
     out0 = m.generate(0)
     assert out0["metrics"]["rollout/weight_staleness_max"] == 0.0
     _fill_buffer(m)  # groups generated with version 0 wait in the buffer
-    assert len(m._async_worker._buffer) > 0
+    w = m._async_worker
+    with w._cond:
+        stale = {g[0].group_index for _, _, g in w._buffer}
+        assert stale and all(v == 0 for _, _, g in w._buffer for s in g for v in s.weight_versions)
     _bump(m, 1)
     out1 = m.generate(1)
-    assert out1["metrics"]["rollout/stale_groups_regenerated"] > 0
+    # Rollout 1 trains on version 1: a version-0 token lags 1 update, above the bound of 0. Every buffered
+    # group is refused (the counter may add groups that were in flight across the update).
+    assert all(min(r["weight_versions"]) == 1 for r in _dumped(tmp_path, 1)), "a group older than the bound was trained"
     assert out1["metrics"]["rollout/weight_staleness_max"] == 0.0
+    assert out1["metrics"]["rollout/stale_groups_regenerated"] >= len(stale)
+    # Refused groups go back to the prompt source to be generated again: after two more updates (each
+    # refusing what the buffer holds again), every refused group is trained once or still waiting to be
+    # generated, never both, and no trained group is older than its step's version.
+    trained = [r["group_index"] for k in range(2) for r in _dumped(tmp_path, k)[::2]]
+    for k in (2, 3):
+        _bump(m, k)
+        m.generate(k)
+        rows = _dumped(tmp_path, k)
+        assert all(min(r["weight_versions"]) == k for r in rows)
+        trained += [r["group_index"] for r in rows[::2]]
+    waiting = [g[0]["group_index"] for g in m.state_dict()["data_source"]["buffer"]]
+    assert len(trained) == len(set(trained)) and not set(trained) & set(waiting), (trained, waiting)
+    assert stale <= set(trained) | set(waiting), (stale, trained, waiting)
     m.shutdown()
 
 
@@ -151,3 +192,22 @@ def test_group_lag_is_the_oldest_token():
 
     g = [Sample(weight_versions=[3, 3, 2]), Sample(weight_versions=[4])]
     assert group_lag(g, 5) == 3 and group_lag([Sample()], 5) is None
+    # A generate function that records only the finishing request's version (multi-turn) is bounded by it.
+    assert group_lag([Sample(weight_version=1), Sample(weight_versions=[], weight_version=4)], 5) == 4
+
+
+def test_fully_async_bound_refuses_groups_without_a_weight_version(setup):  # noqa: F811
+    m = make(setup, fully_async=True, use_tis=True, max_weight_staleness=1, rollout_max_response_len=4,
+             custom_generate_function_path="tests.ray.test_async_rollout.unversioned_generate")  # fmt: skip
+    with pytest.raises(StepFailed, match="no weight version .* cannot be bounded"):
+        m.generate(0)
+    m.shutdown()
+
+
+async def unversioned_generate(input):
+    """The built-in generate function, with no weight version recorded (a custom one that forgets)."""
+    from miles.rollout.generate_hub.single_turn import generate
+
+    s = await generate(input)
+    s.weight_version = s.weight_versions = None
+    return s

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
+from miles.backends.collectives import all_reduce_, reduce_floats
 from miles.backends.torch.fsdp import full_tensor
 from miles.backends.precision import compute_context, engine_dtype
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
@@ -75,10 +76,8 @@ def _all_reduce_metrics(local: dict[str, float]) -> dict[str, float]:
         (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
     ):
         keys = sorted(k for k in local if pick(k))
-        if keys:
-            packed = torch.tensor([local[k] for k in keys], dtype=torch.float64)
-            dist.all_reduce(packed, op=op)
-            out.update(zip(keys, packed.tolist()))
+        if keys:  # on the group's device: NCCL refuses CPU tensors
+            out.update(zip(keys, reduce_floats([local[k] for k in keys], op=op)))
     return out
 
 
@@ -207,8 +206,7 @@ class TorchBackend(TrainerBackend):
         return self.world_size
 
     def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t)
-        return t
+        return all_reduce_(t)
 
     def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
         return _all_reduce_metrics(local) if self.world_size > 1 else local
@@ -332,8 +330,9 @@ class TorchBackend(TrainerBackend):
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, full tensor, cast to `dtype` when given) for every weight, each parameter
-        once (a tied lm_head is skipped, as in HF's safetensors). Unsharded and already of that dtype,
+        """(Hugging Face checkpoint name, full tensor, cast to `dtype` when given) for every weight, each
+        parameter once (a tied lm_head is skipped, as in HF's safetensors); MoE experts that transformers
+        fuses in memory are split back per expert (miles/utils/hf_experts.py), as the checkpoint holds them. Unsharded and already of that dtype,
         the tensors are the live weights, detached: copy them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
         a collective: every rank must iterate to the end."""
         if self.peft is not None:  # base + adapter under the base's names (miles/backends/torch/lora.py)
@@ -342,14 +341,19 @@ class TorchBackend(TrainerBackend):
             for name, merged in merged_named_weights(self.model):
                 yield name, merged if dtype is None else merged.to(dtype)
             return
-        seen: set[int] = set()
-        # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
-        # on every rank (a storage pointer would not do: an empty shard has none).
-        for name, tensor in self.model.state_dict(keep_vars=True).items():
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            full = full_tensor(tensor.detach())
+        from miles.utils.hf_experts import checkpoint_tensors
+
+        def unique_full() -> Iterator[tuple[str, torch.Tensor]]:
+            seen: set[int] = set()
+            # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
+            # on every rank (a storage pointer would not do: an empty shard has none).
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    yield name, full_tensor(tensor.detach())
+
+        # Checkpoint names, as engines load them: transformers 5 fuses MoE experts in memory.
+        for name, full in checkpoint_tensors(unique_full(), getattr(self.model.config, "model_type", None)):
             yield name, full if dtype is None else full.to(dtype)
 
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
