@@ -121,7 +121,7 @@ def main() -> int:
     print(f"{'pass':>10} {'steps to ' + str(a.target):>12} {'final acc':>9} {'wall s':>7}  curve (step:acc)")
     for name, (curve, wall) in results.items():
         hit = first_at(curve, a.target)
-        shown = " ".join(f"{s}:{acc:.2f}" for s, acc in curve)
+        shown = " ".join(f"{s}:{acc:.3f}" for s, acc in curve)
         print(f"{name:>10} {('-' if hit is None else str(hit)):>12} {curve[-1][1]:>9.3f} {wall:>7.1f}  {shown}")
     grpo, opd_hit = first_at(results["grpo"][0], a.target), first_at(results["opd"][0], a.target)
     ok = opd_hit is not None and (grpo is None or opd_hit < grpo)
