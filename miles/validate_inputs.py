@@ -7,7 +7,8 @@ Each problem is a `UserError` naming the option and the fix (exit 2, one sentenc
 - `--hf-checkpoint` (and `--ref-load` when a KL term loads the reference model) is a Hugging Face
   model directory (config.json);
 - `--opd-teacher-load` (`--use-opd --opd-type megatron`) is one too, with the student's vocabulary
-  size (the teacher scores the student's token ids);
+  size (the teacher scores the student's token ids) and, on the megatron trainer, its architecture
+  and sizes;
 - `--prompt-data` and every `--eval-prompt-data` file exists and every row parses and has
   `--input-key` (and `--label-key` when set), read the way the run reads it;
 - `--load` (a resume) and `miles eval --checkpoint` hold a readable tracker naming a complete checkpoint;
@@ -132,6 +133,11 @@ def _vocab_size(hf_dir: str) -> int | None:
     return int(size) if size is not None else None
 
 
+_SHAPE_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "head_dim", "tie_word_embeddings")
+"""config.json entries a megatron-built teacher must share with the student (it is built with the student's layout)."""
+
+
 def _opd_teacher(cfg: Any, pending: list[Path]) -> None:
     """The trainer-forwarded OPD teacher is a model directory whose vocabulary is the student's."""
     o = cfg.opd
@@ -141,6 +147,19 @@ def _opd_teacher(cfg: Any, pending: list[Path]) -> None:
     student = cfg.rollout.hf_checkpoint
     if not student or _is_pending(student, pending) or not (Path(student) / "config.json").is_file():
         return
+    if cfg.train.train_backend == "megatron":
+        import json
+
+        read = lambda d: json.loads((Path(d) / "config.json").read_text())  # noqa: E731
+        teacher, mine = read(o.opd_teacher_load), read(student)
+        differ = [k for k in _SHAPE_KEYS if teacher.get(k) != mine.get(k)]
+        if differ:
+            raise UserError(
+                f"--opd-teacher-load {o.opd_teacher_load} differs from the student (--hf-checkpoint) in {', '.join(differ)}; the megatron "
+                "trainer builds the teacher with the student's layout, so give a teacher of the student's architecture and sizes "
+                "(or use --train-backend torch, which loads any causal LM with the student's vocabulary).",
+                option="--opd-teacher-load",
+            )
     teacher_vocab, student_vocab = _vocab_size(o.opd_teacher_load), _vocab_size(student)
     if teacher_vocab != student_vocab:
         raise UserError(

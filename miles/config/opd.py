@@ -9,8 +9,8 @@ log-probs, upstream's names:
 
 - `--opd-type megatron`: the trainer loads `--opd-teacher-load` (a Hugging Face directory of a model
   with the student's vocabulary) beside the actor and runs a no-grad forward of it every rollout; it
-  is never optimised and never saved. (Upstream's name says which trainer does it there; in miles
-  the torch trainer runs it.)
+  is never optimised and never saved. (Upstream's name; both miles trainers run it: the megatron
+  trainer builds the teacher with the student's layout, so there it must have the student's shape.)
 - `--opd-type sglang`: an engine serving the teacher (`--opd-teacher-urls`, an SGLang server or
   miles' built-in engine server) scores every sample's tokens on the rollout side.
 
@@ -25,7 +25,6 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from miles.config.fields import flag_name, option
-from miles.config.trainer_support import not_yet
 from miles.errors import UserError
 
 OpdType = Literal["sglang", "megatron"]
@@ -43,8 +42,7 @@ class OpdConfig:
     opd_type: OpdType | None = option(
         None,
         help="Where the teacher's log-probs come from, needed with --use-opd: megatron (the trainer forwards "
-        "--opd-teacher-load itself) or sglang (an engine serving the teacher at --opd-teacher-urls scores the samples)."
-        + not_yet("opd_type"),
+        "--opd-teacher-load itself) or sglang (an engine serving the teacher at --opd-teacher-urls scores the samples).",
     )
     opd_kl_coef: float = option(1.0, help="Weight of the per-token reverse KL (student - teacher log-prob) subtracted from the advantages.")
     opd_teacher_load: str | None = option(

@@ -54,9 +54,6 @@ GAPS: tuple[Gap, ...] = (
         "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "transformer_engine"),
     Gap("attention_backend", lambda v: v in ("flash", "fused"), ("megatron",), _TE_PACKING,
         "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "flash/fused"),
-    Gap("opd_type", lambda v: v == "megatron", ("megatron",),
-        "the megatron backend loads no on-policy distillation teacher (--opd-teacher-load) and forwards none",
-        "a teacher model beside the actor (frozen, unsaved) and forward(model='teacher') in the megatron backend", "megatron"),
     Gap("fp8_format", lambda v: v is not None, ("megatron",), "FP8 needs TransformerEngine, and " + _TE_PACKING,
         "TransformerEngine packing (above) and bf16 master weights", "set"),
 )

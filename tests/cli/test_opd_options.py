@@ -1,6 +1,6 @@
 """On-policy distillation's bad inputs through the `miles` program: exit 2, one sentence naming the
 option and the fix, no traceback (OPD without a teacher, a teacher of another vocabulary, OPD options
-without --use-opd, the trainer-forwarded teacher on the megatron backend)."""
+without --use-opd)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ CASES = [
     (["--opd-kl-coef", "0.5"], "--opd-kl-coef configures on-policy distillation"),
     (["--opd-type", "megatron"], "--opd-type configures on-policy distillation"),
     (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "t", "--opd-kl-coef", "-1"], "--opd-kl-coef -1.0 must be >= 0"),
-    (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "t", "--train-backend", "megatron"],
-     "cannot train yet: --opd-type megatron — the megatron backend loads no on-policy distillation teacher"),
 ]
 
 
@@ -65,3 +63,17 @@ def test_a_teacher_with_another_vocabulary_exits_2(inputs):
     assert "vocabulary" not in r.stderr, r.stderr[-1500:]
     r = miles([*base, "--opd-teacher-load", "missing"], inputs)
     assert r.returncode == 2 and "--opd-teacher-load missing does not exist" in r.stderr.replace("\n", " "), r.stderr[-1500:]
+
+
+def test_a_teacher_of_another_shape_exits_2_on_megatron(inputs):
+    config = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2}
+    (inputs / "student" / "config.json").write_text(json.dumps(config))
+    (inputs / "teacher" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
+    base = ["train", "--hf-checkpoint", "student", "--prompt-data", "p.jsonl", "--use-opd", "--opd-type", "megatron",
+            "--opd-teacher-load", "teacher"]
+    r = miles([*base, "--train-backend", "megatron"], inputs)
+    assert r.returncode == 2, r.stderr[-1500:]
+    assert "--opd-teacher-load teacher differs from the student (--hf-checkpoint) in num_hidden_layers" in r.stderr.replace("\n", " ")
+    assert "Traceback" not in r.stderr
+    r = miles(base, inputs)  # the torch trainer loads any causal LM of the student's vocabulary
+    assert "differs from the student" not in r.stderr, r.stderr[-1500:]

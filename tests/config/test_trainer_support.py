@@ -17,8 +17,8 @@ from miles.errors import UserError
 
 REFUSED = {"context_parallel_size": 2, "expert_model_parallel_size": 2,
            "expert_tensor_parallel_size": 2, "optimizer_cpu_offload": True, "transformer_impl": "transformer_engine",
-           "attention_backend": "flash", "fp8_format": "e4m3", "opd_type": "megatron"}
-EXTRA: dict[str, dict] = {"opd_type": {"use_opd": True, "opd_teacher_load": "teacher"}}
+           "attention_backend": "flash", "fp8_format": "e4m3"}
+EXTRA: dict[str, dict] = {}
 # Settings a trainer implements now (their tests: tests/backends/test_bf16.py, test_dynamic_batch.py,
 # tests/backends/megatron): no backend refuses them.
 LIFTED = {"bf16": {"bf16": True}, "use_dynamic_batch_size": {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 1024}}

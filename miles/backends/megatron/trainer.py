@@ -106,6 +106,23 @@ class MegatronTrainer(TrainerBackend):
             self.ref_model = mm.build_model(self.shape, self.opts)
             mm.load_weights(self.ref_model, cfg.ckpt.ref_load or source, self.shape)
             self.ref_model.to(device).eval().requires_grad_(False)
+        self.teacher_model = None
+        """`--use-opd --opd-type megatron`: the distillation teacher, built with the student's layout and
+        loaded from --opd-teacher-load (an HF directory or torch_dist checkpoint of the student's
+        architecture); frozen, outside DDP and the optimizer, never saved."""
+        o = cfg.opd
+        if role == "actor" and o.use_opd and o.opd_type == "megatron":
+            teacher_shape = mm.read_hf_config(o.opd_teacher_load) if (Path(o.opd_teacher_load) / "config.json").is_file() else self.shape
+            if teacher_shape != self.shape:
+                raise UserError(
+                    f"--opd-teacher-load {o.opd_teacher_load} is a {teacher_shape.architecture} of another shape than the student "
+                    "(--hf-checkpoint); the megatron trainer builds the teacher with the student's layout, so give a teacher of the "
+                    "student's architecture and sizes (or use --train-backend torch, which loads any causal LM).",
+                    option="--opd-teacher-load",
+                )
+            self.teacher_model = mm.build_model(self.shape, self.opts)
+            mm.load_weights(self.teacher_model, o.opd_teacher_load, self.shape)
+            self.teacher_model.to(device).eval().requires_grad_(False)
         from miles.backends.offload import HostStash
 
         self._stash = HostStash()  # what offload() took off the device until onload()
@@ -123,6 +140,10 @@ class MegatronTrainer(TrainerBackend):
     @property
     def has_reference(self) -> bool:
         return self.ref_model is not None
+
+    @property
+    def has_teacher(self) -> bool:
+        return self.teacher_model is not None
 
     @property
     def dp_rank(self) -> int:
@@ -187,7 +208,9 @@ class MegatronTrainer(TrainerBackend):
         return list(flat.split(sizes))
 
     def _log_probs(self, batches: list[PackedBatch], *, model: str, with_entropy: bool):
-        net = self.model if model == "actor" else self.ref_model
+        net = {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model}[model]
+        if net is None and model == "teacher":
+            raise RuntimeError("no teacher is loaded: it is loaded only with --use-opd --opd-type megatron")
         if net is None:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
         net.eval()
@@ -210,7 +233,7 @@ class MegatronTrainer(TrainerBackend):
         sizes = [int(b.response_lengths.sum()) for b in batches]
         return self._broadcast_from_last_stage([o["values"] for o in out] if out else [None] * len(batches), sizes)
 
-    def forward(self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor",
+    def forward(self, batches: list[PackedBatch], *, model: Literal["actor", "ref", "teacher"] = "actor",
                 with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """One forward-only schedule over all `batches`; every PP stage gets the last stage's results."""
         if self.role == "critic":
@@ -295,8 +318,9 @@ class MegatronTrainer(TrainerBackend):
         from miles.backends.megatron.checkpoint import _inner_optimizers
 
         keep: list[torch.Tensor] = list(self.model.parameters())
-        if self.ref_model is not None:
-            keep += list(self.ref_model.parameters())
+        for frozen in (self.ref_model, self.teacher_model):
+            if frozen is not None:
+                keep += list(frozen.parameters())
         grads: list[torch.Tensor] = [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]
         for opt in _inner_optimizers(self):
             inner = opt.optimizer
