@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,7 +88,9 @@ def test_sigkill_and_rerun_during_async_training_neither_loses_nor_repeats_a_sam
     proc = subprocess.Popen(MILES + args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not ((run_dir / "checkpoints" / "iter_0000001").exists() and (run_dir / "samples" / "2.jsonl").exists()):
+        # The tracker file is written after the checkpoint's rename: only then is the checkpoint complete.
+        latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+        while not (latest.exists() and latest.read_text().strip() == "1" and (run_dir / "samples" / "2.jsonl").exists()):
             assert proc.poll() is None, "the run ended before rollout 1's checkpoint and rollout 2"
             assert time.monotonic() < deadline, "no checkpoint of rollout 1 in time"
             time.sleep(0.05)
@@ -96,8 +99,8 @@ def test_sigkill_and_rerun_during_async_training_neither_loses_nor_repeats_a_sam
         proc.wait(timeout=60)
     assert not (run_dir / "checkpoints" / f"iter_{ROLLOUTS - 1:07d}").exists()
     out = _run(args, work)
-    resumed_from = int(out.split("Resumed from rollout ")[1].split(" ")[0])
-    assert 1 <= resumed_from < ROLLOUTS - 1, out[-2000:]
+    found = re.search(r"Resumed from\s+rollout\s+(\d+)", out)
+    assert found and 1 <= int(found[1]) < ROLLOUTS - 1, f"the rerun did not resume mid-run:\n{out[-2000:]}"
     straight, killed = _trained(work / "runs" / "straight"), _trained(run_dir)
     assert _accounted(run_dir) and _accounted(work / "runs" / "straight")
     n = sum(len(r) for r in straight.values())
