@@ -6,6 +6,8 @@ Each problem is a `UserError` naming the option and the fix (exit 2, one sentenc
 
 - `--hf-checkpoint` (and `--ref-load` when a KL term loads the reference model) is a Hugging Face
   model directory (config.json);
+- `--opd-teacher-load` (`--use-opd --opd-type megatron`) is one too, with the student's vocabulary
+  size (the teacher scores the student's token ids);
 - `--prompt-data` and every `--eval-prompt-data` file exists and every row parses and has
   `--input-key` (and `--label-key` when set), read the way the run reads it;
 - `--load` (a resume) and `miles eval --checkpoint` hold a readable tracker naming a complete checkpoint;
@@ -120,6 +122,33 @@ def _hooks(cfg: Any, command: str) -> None:
         load_rollout_function(cfg.rollout.rollout_function_path)
 
 
+def _vocab_size(hf_dir: str) -> int | None:
+    import json
+
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return int(size) if size is not None else None
+
+
+def _opd_teacher(cfg: Any, pending: list[Path]) -> None:
+    """The trainer-forwarded OPD teacher is a model directory whose vocabulary is the student's."""
+    o = cfg.opd
+    if not (o.use_opd and o.opd_type == "megatron" and o.opd_teacher_load) or _is_pending(o.opd_teacher_load, pending):
+        return
+    _hf_dir(o.opd_teacher_load, "--opd-teacher-load", " --use-opd --opd-type megatron forwards the teacher from there.")
+    student = cfg.rollout.hf_checkpoint
+    if not student or _is_pending(student, pending) or not (Path(student) / "config.json").is_file():
+        return
+    teacher_vocab, student_vocab = _vocab_size(o.opd_teacher_load), _vocab_size(student)
+    if teacher_vocab != student_vocab:
+        raise UserError(
+            f"--opd-teacher-load {o.opd_teacher_load} has a vocabulary of {teacher_vocab} tokens but the student "
+            f"(--hf-checkpoint) has {student_vocab}; the teacher must score the student's token ids, so give a teacher "
+            "with the student's tokenizer.",
+            option="--opd-teacher-load",
+        )
+
+
 def _port(host: str, port: int) -> None:
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -153,10 +182,11 @@ def check_inputs(cfg: Any, *, command: str, checkpoint: str | None = None, pendi
         if not _is_pending(d.prompt_data, pending):
             if not Path(d.prompt_data).is_file():
                 raise MissingInput(f"--prompt-data {d.prompt_data} does not exist; give a .jsonl or .parquet file.{hint}", option="--prompt-data")
-            _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=d.label_key)
+            _rows(d.prompt_data, flag="--prompt-data", input_key=d.input_key, label_key=None if cfg.algo.loss_type == "sft_loss" else d.label_key)  # SFT rows need no label
         a = cfg.algo
         if (a.use_kl_loss or a.kl_coef != 0) and cfg.ckpt.ref_load and not _is_pending(cfg.ckpt.ref_load, pending):
             _hf_dir(cfg.ckpt.ref_load, "--ref-load", " --use-kl-loss and --kl-coef read the reference model from there.")
+        _opd_teacher(cfg, pending)
         if cfg.ckpt.load:
             _checkpoint_dir(cfg.ckpt.load, "--load")
         if cfg.ckpt.save and cfg.ckpt.save != cfg.ckpt.load:

@@ -18,10 +18,12 @@ from typer import _click as click
 
 
 class Pending(NamedTuple):
-    """A command not built yet: its summary for listings, and how to build it."""
+    """A command not built yet: its summary for listings, and how to build it; a hidden one (a
+    maintainer's command) works when named but is left out of `miles --help` and completion."""
 
     summary: str
     build: Callable[[], click.Command]
+    hidden: bool = False
 
 
 class LazyCommands(dict):
@@ -30,8 +32,9 @@ class LazyCommands(dict):
     def __getitem__(self, name: str) -> click.Command:
         value = super().__getitem__(name)
         if isinstance(value, Pending):
-            value = value.build()
+            hidden, value = value.hidden, value.build()
             value.name = name
+            value.hidden = value.hidden or hidden
             super().__setitem__(name, value)
         return value
 
@@ -50,7 +53,7 @@ class LazyCommands(dict):
         if isinstance(value, Pending):
             from typer.core import TyperCommand
 
-            return TyperCommand(name=name, short_help=value.summary, help=value.summary)
+            return TyperCommand(name=name, short_help=value.summary, help=value.summary, hidden=value.hidden)
         return value
 
 

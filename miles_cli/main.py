@@ -1,4 +1,5 @@
-"""The `miles` program: one Typer app with convert, full-train, train, eval and docker-build.
+"""The `miles` program: one Typer app with convert, full-train, train, eval and docker-build (and
+`docs`, the maintainers' command, which works when named but is not listed).
 
     miles --help
     miles full-train                         # the embedded default: tiny-qwen3 on a CPU
@@ -117,7 +118,8 @@ def build_app(argv: list[str]) -> typer.Typer:
         "convert": Pending(summaries.CONVERT, _convert),
         **{c: Pending(summaries.RUN[c], functools.partial(_run, c, argv)) for c in ("full-train", "train", "eval")},
         "docker-build": Pending(summaries.DOCKER_BUILD_SHORT, _docker_build),
-        "docs": Pending(summaries.DOCS, _docs),
+        # A maintainer's command (regenerate and check the docs): runs when named, not on the user's first screen.
+        "docs": Pending(summaries.DOCS, _docs, hidden=True),
     }
     return typer.Typer(
         name="miles",

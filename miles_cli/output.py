@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,41 @@ OPTIONS_FILE = "options.json"
 
 def _cell(value: Any, secret: bool = False) -> str:
     return "****" if secret and value else format_value(value)
+
+
+def say(text: str, *, label: str = "", indent: str = "    ") -> None:
+    """One line of the plan, `label` in bold, wrapped at word boundaries to the terminal's width with a
+    hanging indent: a terminal's own wrap cuts values mid-word (a path, a flag) at 80 columns."""
+    lines = textwrap.wrap(label + text, width=console.width, subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    for i, line in enumerate(lines):
+        if i == 0 and label and line.startswith(label):
+            console.print(f"[bold]{escape(label)}[/bold]{escape(line[len(label):])}", highlight=False, soft_wrap=True)
+        else:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def say_command(prefix: str, argv: list[str], indent: str = "      ") -> None:
+    """A command line as a shell would take it: wrapped between arguments (a flag stays with its value)
+    with ` \\` continuations, so it can be pasted as printed at any width."""
+    flag = re.compile(r"^--?[A-Za-z]")
+    words: list[str] = []
+    for arg in map(shlex.quote, argv):
+        if words and flag.match(words[-1]) and " " not in words[-1] and not flag.match(arg):
+            words[-1] += " " + arg
+        else:
+            words.append(arg)
+    lines, current = [], prefix + words[0]
+    for word in words[1:]:
+        if len(current) + 1 + len(word) + 2 > console.width:
+            lines.append(current)
+            current = indent + word
+        else:
+            current += " " + word
+    lines.append(current)
+    for line in lines[:-1]:
+        console.print(line + " \\", highlight=False, markup=False, soft_wrap=True)
+    console.print(lines[-1], highlight=False, markup=False, soft_wrap=True)
 
 
 def option_rows(inv, *, sglang_defaults: bool = True) -> list[tuple[str, str, str, str]]:
@@ -105,14 +143,14 @@ def print_memory_and_gaps(inv) -> None:
         console.print(f"[bold]Memory plan[/bold]: none, {escape(why)}.", highlight=False)
     else:
         first, *rest = plan.lines()
-        console.print(f"[bold]{escape(first)}[/bold]", highlight=False)
+        say("", label=first, indent="  ")
         for line in rest:
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            say(line)
     gaps = trainer_gaps(inv)
     if gaps:
-        console.print("[bold]Cannot train yet[/bold] (train and full-train exit 2; miles/config/trainer_support.py):")
+        say(" (train and full-train exit 2; miles/config/trainer_support.py):", label="Cannot train yet")
         for _, sentence in gaps:
-            console.print(f"  {sentence}", highlight=False, markup=False, soft_wrap=True)
+            say(f"  {sentence}")
 
 
 def print_plan(inv) -> None:
@@ -121,8 +159,8 @@ def print_plan(inv) -> None:
         console.print("[bold]Prepare steps[/bold] (skipped when their sentinel exists):")
         for step in inv.plan.prepare:
             done = os.path.exists(step.sentinel)
-            mark = "[green]complete[/green]" if done else "[yellow]to run[/yellow]"
-            console.print(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
+            mark = "complete" if done else "to run"
+            say(f"  {step.name}: {step.description} → {step.sentinel} ({mark})")
     from miles.hardware import device_summary
 
     c, t = inv.config.cluster, inv.config.train
@@ -132,23 +170,18 @@ def print_plan(inv) -> None:
     if t.train_backend == "megatron":
         layout += (f": TP{t.tensor_model_parallel_size} PP{t.pipeline_model_parallel_size} CP{t.context_parallel_size} "
                    f"EP{t.expert_model_parallel_size} ETP{t.expert_tensor_parallel_size}")
-    console.print(
-        f"[bold]Placement[/bold] ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training ({layout})"
-        + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer",
-        highlight=False,
-    )
+    say(f" ({'GPU' if on_gpu else 'CPU'}): {c.actor_num_nodes} node(s) × {c.actor_num_gpus_per_node} {units} for training ({layout})"
+        + f"; rollout engines {'colocated with' if c.colocate else 'beside'} the trainer", label="Placement", indent="  ")
     # The values derived from the options (miles/config/layout.py), as the run will use them.
-    console.print(f"[bold]Resolved[/bold]: {inv.config.layout.describe()}", highlight=False, soft_wrap=True)
+    say(f": {inv.config.layout.describe()}", label="Resolved", indent="  ")
     print_memory_and_gaps(inv)
     if inv.config.rollout.rollout_backend == "sglang":
-        import shlex
-
         from miles.rollout.sglang.launch import planned_processes
 
-        console.print("[bold]Processes[/bold] (SGLang servers, one per engine, and the router in front of them):")
+        say(" (SGLang servers, one per engine, and the router in front of them):", label="Processes")
         for name, argv in planned_processes(inv.config):
-            console.print(f"  {name}: {shlex.join(argv)}", markup=False, highlight=False, soft_wrap=True)
+            say_command(f"  {name}: ", argv)
     if inv.env:
-        console.print("[bold]Environment[/bold]: " + " ".join(f"{k}={v}" for k, v in inv.env.items()))
-    console.print(f"[bold]Run directory[/bold]: {inv.options.run_dir}")
+        say(": " + " ".join(f"{k}={v}" for k, v in inv.env.items()), label="Environment", indent="  ")
+    say(f": {inv.options.run_dir}", label="Run directory", indent="  ")
     console.print("Dry run: nothing was started.")

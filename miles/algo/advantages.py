@@ -42,6 +42,7 @@ from collections.abc import Callable
 import torch
 
 from miles.algo.kl import approx_kl
+from miles.algo.opd import apply_opd
 from miles.algo.segments import Segments
 from miles.config.algo import AlgoConfig
 
@@ -126,6 +127,8 @@ def compute_advantages_and_returns(
     ref_log_probs: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     all_reduce: AllReduce | None = None,
+    teacher_log_probs: torch.Tensor | None = None,
+    opd_kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token advantages and returns [R] for `cfg.advantage_estimator` (see the module docstring).
 
@@ -135,6 +138,9 @@ def compute_advantages_and_returns(
     `all_reduce` sums a float64 tensor over the data-parallel group (in place like
     `torch.distributed.all_reduce`, or returning the sum); `--normalize-advantages` whitens with
     statistics over the whole group through it. None means this process holds the whole rollout.
+    `teacher_log_probs` (`--use-opd`): the teacher's log-probs of the same tokens; the reverse KL
+    against `log_probs` (the old student log-probs), times `opd_kl_coef`, is subtracted from the
+    advantages before whitening (`miles.algo.opd`); the returns (the critic's targets) never see it.
     The group statistics are taken on the rollout side over whole groups and every estimator here
     works per sample, so the samples need not form whole groups of `n_samples_per_prompt` (a
     data-parallel rank may hold part of a group); the argument is kept for interface stability.
@@ -152,6 +158,12 @@ def compute_advantages_and_returns(
         cfg, rewards=rewards, kl=kl, mask=mask, segments=segments,
         values=None if values is None else values.detach().to(torch.float32),
     )
+    if teacher_log_probs is not None:
+        if log_probs is None:
+            raise ValueError("on-policy distillation needs the student's old log-probs of the tokens its teacher scored")
+        advantages = apply_opd(
+            advantages, student_log_probs=log_probs, teacher_log_probs=teacher_log_probs.to(mask.device), mask=mask, kl_coef=opd_kl_coef
+        )
     if cfg.normalize_advantages:
         advantages = whiten(advantages, mask, all_reduce=all_reduce)
     return advantages, returns

@@ -46,6 +46,9 @@ class PackedBatch:
     ref_log_probs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     """float32 [R]: the critic's values before this rollout's update (PPO's value clip is around them)."""
+    teacher_log_probs: torch.Tensor | None = None
+    """float32 [R]: `--use-opd`'s teacher log-probs of the response tokens (from its engine, or the
+    trainer's teacher forward)."""
 
     @property
     def num_samples(self) -> int:
@@ -120,13 +123,19 @@ class TrainerBackend(abc.ABC):
     def has_reference(self) -> bool:
         """A frozen reference model is loaded (it is when a KL term needs its log-probs)."""
 
+    @property
+    def has_teacher(self) -> bool:
+        """An on-policy distillation teacher is loaded (`--use-opd --opd-type megatron`): `forward(model="teacher")`."""
+        return False
+
     @abc.abstractmethod
     def forward(
-        self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+        self, batches: list[PackedBatch], *, model: Literal["actor", "ref", "teacher"] = "actor", with_entropy: bool = False
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Collective, no grad: per micro-batch, log-probs [R] (and entropy [R]) of its response tokens,
         with the logits divided by cfg.rollout.rollout_temperature (upstream's rule, so the trainer
-        and the engine score the same policy). Every rank (every PP stage) gets the results."""
+        and the engine score the same policy). Every rank (every PP stage) gets the results.
+        `model="teacher"`: the OPD teacher (`has_teacher`)."""
 
     def compute_log_probs(
         self, batch: PackedBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False

@@ -26,6 +26,7 @@ from miles.config.eval import EvalConfig
 from miles.config.fault_tolerance import FaultToleranceConfig
 from miles.config.fields import Derived, flag_name
 from miles.config.lora import LoraConfig
+from miles.config.opd import OpdConfig
 from miles.config.optimizer import OptimizerConfig
 from miles.config.reward import RewardConfig
 from miles.config.rollout import RolloutConfig
@@ -43,6 +44,7 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("eval", EvalConfig, "Eval"),
     ("algo", AlgoConfig, "Algorithm"),
     ("critic", CriticConfig, "PPO critic"),
+    ("opd", OpdConfig, "On-policy distillation"),
     ("reward", RewardConfig, "Reward"),
     ("optimizer", OptimizerConfig, "Optimizer"),
     ("ckpt", CheckpointConfig, "Checkpoint"),
@@ -75,6 +77,7 @@ class EngineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    opd: OpdConfig = field(default_factory=OpdConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)

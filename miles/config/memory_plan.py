@@ -4,14 +4,17 @@
 pipeline stage 0, which holds the embedding and keeps the most micro-batches in flight) and one
 engine GPU. Trainer side, in bytes:
 
-- parameters: every parameter this GPU holds × 2 (--bf16) or 4 bytes. megatron splits the layers by
-  TP × PP and the routed experts by EP × ETP × PP; torch (DDP) holds the whole model; fsdp 1/world.
-- gradients: one fp32 value per parameter (megatron reduces in fp32), bf16 on fsdp with --bf16.
+- parameters: every parameter this GPU holds × 2 (megatron with --bf16) or 4 bytes (fp32; the torch
+  backend keeps fp32 parameters under --bf16 too: they are its master weights). megatron splits the
+  layers by TP × PP and the routed experts by EP × ETP × PP; torch (DDP) holds the whole model; fsdp 1/world.
+- gradients: one fp32 value per parameter (megatron reduces in fp32, FSDP2 reduce-scatters in fp32).
 - LoRA (`--lora-rank`): the base's parameters, plus the adapters (`lora_parameters`); gradients and
   Adam's moments for the adapters only.
-- optimizer: Adam's two fp32 moments, plus the fp32 master copy with --bf16; divided by the
+- optimizer: Adam's two fp32 moments, plus megatron's fp32 main copy with --bf16; divided by the
   data-parallel size with --use-distributed-optimizer (and on fsdp); 0 on the GPU with
   --optimizer-cpu-offload.
+- torch backend compute copies (`_compute_copies`): autocast's bf16 weight cache with --bf16, DDP's
+  gradient buckets with more than one worker, FSDP's all-gathered units.
 - activations: what backward needs per token and layer (norm inputs, Q/K/V, attention output, MLP
   inputs and its 3 × FFN SwiGLU intermediates; the routed experts' share for MoE layers; the
   s × heads attention probabilities unless a flash/fused kernel computes them), divided by TP under
@@ -150,16 +153,20 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, i
     if backend == "fsdp":
         dense, experts = dense / lay.world, experts / lay.world
     n_params = dense + experts
-    p_bytes = 2 if bf16 else 4
-    g_bytes = 2 if (bf16 and backend == "fsdp") else 4
+    # --bf16 on megatron: bf16 parameters, fp32 gradient buffers, the optimizer's fp32 main copy. On
+    # torch/fsdp the parameters stay fp32 and are themselves the master weights (autocast / FSDP2's
+    # policy make bf16 copies for the compute, counted below), gradients fp32, no extra master copy.
+    mixed = bf16 and backend == "megatron"
+    p_bytes = 2 if mixed else 4
+    g_bytes = 4
     shard_dense = shard_experts = 1
     if backend == "megatron" and t.use_distributed_optimizer:
         shard_dense, shard_experts = lay.dp, lay.expert_dp
-    opt_per_param = 8 + (4 if bf16 else 0)
+    opt_per_param = 8 + (4 if mixed else 0)
     optimizer = 0 if o.optimizer_cpu_offload else opt_per_param * (dense / shard_dense + experts / shard_experts)
     details.append(
         f"parameters here: {n_params / 1e9:.2f}B of {m.total / 1e9:.2f}B ({m.active / 1e9:.2f}B active per token) × "
-        f"{p_bytes} bytes{' (bf16)' if bf16 else ' (fp32)'}; gradients × {g_bytes}; Adam × {opt_per_param}"
+        f"{p_bytes} bytes{' (bf16)' if mixed else ' (fp32)'}; gradients × {g_bytes}; Adam × {opt_per_param}"
         + (f" / DP {shard_dense}" + (f" (experts / {shard_experts})" if m.num_experts else "") if shard_dense > 1 else "")
         + (" kept on the host (--optimizer-cpu-offload)" if o.optimizer_cpu_offload else "")
     )
@@ -209,11 +216,40 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, i
         n_params += adapters
         gradients, optimizer = adapters * 4, 0 if o.optimizer_cpu_offload else adapters * 8
         details.append(f"LoRA: {adapters / 1e6:.2f}M adapter parameters train (rank {cfg.lora.lora_rank}); gradients and Adam for them only")
-    out = {"parameters": int(n_params * p_bytes), "gradients": int(gradients), "optimizer state": int(optimizer),
-           "activations": int(activations)}
+    out = {"parameters": int(n_params * p_bytes), "gradients": int(gradients), "optimizer state": int(optimizer)}
+    out.update(_compute_copies(cfg, m, lay, details))
+    out["activations"] = int(activations)
     if logits:
         out["logits"] = int(logits)
     out["CUDA context"] = CUDA_CONTEXT
+    return out
+
+
+def _compute_copies(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, int]:
+    """What the torch backend holds besides parameters, gradients and Adam while a micro-batch runs:
+    - one worker / DDP with --bf16: autocast's cache of bf16 casts of every weight (2 B/param), kept for
+      the whole autocast region, which spans the micro-batch's forward and backward;
+    - DDP (> 1 worker): its gradient buckets, a second fp32 copy of every gradient (4 B/param;
+      `gradient_as_bucket_view` is off);
+    - fsdp: the all-gathered (unsharded) weights of the root unit (embedding, final norm, head) and of
+      two decoder layers (the one computing and the one prefetched), in the compute dtype."""
+    t = cfg.train
+    if t.train_backend == "megatron":
+        return {}
+    out = {}
+    if t.train_backend == "torch":
+        if t.bf16:
+            out["bf16 weight copies"] = m.total * 2
+            details.append("bf16 weight copies: autocast caches a bf16 cast of every fp32 weight for each micro-batch's forward and backward (2 bytes/param)")
+        if lay.world > 1:
+            out["DDP gradient buckets"] = m.total * 4
+            details.append("DDP gradient buckets: a flat fp32 copy of every gradient for the all-reduce (4 bytes/param)")
+    else:
+        unsharded = m.embedding + m.output_head + m.final_norm + 2 * (m.layer_total + m.routed_expert_total) / m.num_layers
+        dtype_bytes = 2 if t.bf16 else 4
+        out["gathered weights"] = int(unsharded * dtype_bytes)
+        details.append(f"gathered weights: FSDP all-gathers the root unit (embedding, norm, head) and two layers at a time, "
+                       f"{'bf16' if t.bf16 else 'fp32'} ({dtype_bytes} bytes/param)")
     return out
 
 

@@ -62,6 +62,7 @@ def resolve(cfg: EngineConfig, *, purpose: Purpose = "train") -> EngineConfig:
                 option=spec.flag,
             )
     cfg.critic.check_before_derive(cfg)
+    cfg.opd.check_before_derive(cfg)
     fill_derived(cfg)
     _check(cfg, purpose)
     cfg.layout = run_layout(cfg)
@@ -272,6 +273,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
                 ) from None
     cfg.algo.check(d.n_samples_per_prompt)
     cfg.critic.check(cfg)
+    cfg.opd.check(cfg)
     cfg.asynchrony.check(colocate=c.colocate, algo=cfg.algo, debug_rollout_only=cfg.debug.debug_rollout_only)
     cfg.reward.check()
     if purpose == "eval":

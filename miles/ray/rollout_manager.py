@@ -53,6 +53,7 @@ from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
 from miles.rollout.generate_hub.turn_metrics import turn_metrics
 from miles.rollout.generate_hub.types import as_groups, as_samples
 from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.sft_rollout import rollout_function_path
 from miles.rollout.tools.execution import load_tool_specs
 from miles.rollout.train_data import samples_to_train_data
 from miles.sample import Sample, SampleStatus
@@ -124,7 +125,8 @@ class RolloutManager:
 
             self.tokenizer = AutoTokenizer.from_pretrained(r.hf_checkpoint, local_files_only=True)
         if train_data:  # `miles eval` needs only the eval datasets
-            self.dataset = PromptDataset.from_config(d, r, self.tokenizer)
+            # --loss-type sft_loss trains on the rows' conversations (miles.rollout.sft_rollout)
+            self.dataset = PromptDataset.from_config(d, r, self.tokenizer, conversations=cfg.algo.loss_type == "sft_loss")
             self.data_source = RolloutDataSource(self.dataset, shuffle=r.rollout_shuffle, seed=r.rollout_seed)
         self.eval_datasets: dict[str, PromptDataset] = {}
         pairs = cfg.eval.eval_prompt_data or []
@@ -148,9 +150,15 @@ class RolloutManager:
         self.custom_convert = load_function(rw.custom_convert_samples_to_train_data_path, flag="--custom-convert-samples-to-train-data-path")
         self.client = EngineClient(self.engine)
         self.generate_fn = load_generate_function(r.custom_generate_function_path)
-        self.rollout_fn = load_rollout_function(r.rollout_function_path) if train_data else None
+        self.rollout_fn = load_rollout_function(rollout_function_path(cfg)) if train_data else None
         self._state_before: dict[int, dict[str, Any]] = {}
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
+        self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples
+        o = cfg.opd
+        if train_data and o.use_opd and o.opd_type == "sglang":
+            from miles.rollout.opd_teacher import TeacherScorer
+
+            self.teacher = TeacherScorer(o.opd_teacher_urls[0], student_dir=r.hf_checkpoint, temperature=r.rollout_temperature)
 
     # ------------------------------------------------------------------ generation
     def num_prompts(self) -> int:
@@ -326,6 +334,13 @@ class RolloutManager:
             custom_convert=self.custom_convert,
             hook_args=self.cfg,
         )
+        teacher_metrics = {}
+        if self.teacher is not None:
+            t_teacher = time.perf_counter()
+            lps = train_data["teacher_log_probs"] = self.teacher.score(train_data["tokens"], train_data["response_lengths"])
+            n = sum(len(x) for x in lps)
+            teacher_metrics = {"rollout/teacher_log_probs": sum(map(sum, lps)) / max(n, 1),
+                               "perf/opd_teacher_time": time.perf_counter() - t_teacher}
         elapsed = time.perf_counter() - t0
         raw = torch.tensor(train_data["raw_reward"], dtype=torch.float64)
         sizes = [len(g) for g in kept]
@@ -346,6 +361,7 @@ class RolloutManager:
             "perf/rollout_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             **counts,
             **turn_metrics(samples, "rollout"),
+            **teacher_metrics,
         }
         if a.overlapped or a.partial_rollout:
             metrics.update(staleness_metrics(samples, rollout_id))

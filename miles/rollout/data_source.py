@@ -7,7 +7,9 @@ Two pieces:
   (dict passed to rewards and filters), `--tool-key` (tool specs for the chat template). With
   `--apply-chat-template` the prompt is rendered by the tokenizer's chat template (HF-style
   `apply_chat_template`, extra keyword arguments from `--apply-chat-template-kwargs`); with a
-  tokenizer, prompts longer than `--rollout-max-prompt-len` tokens are dropped. Bad data is a
+  tokenizer, prompts longer than `--rollout-max-prompt-len` tokens are dropped. With `--loss-type
+  sft_loss` a row is a whole conversation instead, rendered into a finished sample whose loss mask
+  covers the assistant messages only (`conversations=True`). Bad data is a
   `UserError` naming the file, the line (or Parquet row) and the flag that fixes it.
 - `RolloutDataSource`: hands out `get_samples(num_groups, n_samples_per_prompt)` groups in order,
   epoch after epoch (reshuffled each epoch when `--rollout-shuffle`, seeded by `--rollout-seed` and the
@@ -131,6 +133,7 @@ class PromptDataset(Sequence[Sample]):
         max_prompt_len: int | None = None,
         flag: str = "--prompt-data",
         default_tools: list[dict[str, Any]] | None = None,
+        conversations: bool = False,
     ):
         """Read and prepare every row now, so data errors surface before any training starts.
 
@@ -138,10 +141,13 @@ class PromptDataset(Sequence[Sample]):
         `apply_chat_template` and `max_prompt_len`; with it, each sample's `tokens` hold the prompt ids.
         `flag` names the option that gave `path`, for error messages (eval datasets pass their own).
         `default_tools` (--generate-tool-specs-path) are the tools of rows that have none under `tool_key`.
+        `conversations` (`--loss-type sft_loss`): each row's `input_key` is a whole conversation, rendered by
+        the chat template into a finished sample: `tokens`, `response_length` and a `loss_mask` that is 1
+        on the assistant messages only (`miles.rollout.conversation`); `prompt` keeps the messages.
         """
         self.path = Path(path)
-        if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:
-            raise ValueError("PromptDataset needs a tokenizer for apply_chat_template or max_prompt_len")
+        if (apply_chat_template or conversations or max_prompt_len is not None) and tokenizer is None:
+            raise ValueError("PromptDataset needs a tokenizer for apply_chat_template, conversations or max_prompt_len")
         template_kwargs = _parse_chat_template_kwargs(apply_chat_template_kwargs)
         self.num_filtered = 0
         """Rows dropped because their prompt is longer than max_prompt_len tokens."""
@@ -152,7 +158,7 @@ class PromptDataset(Sequence[Sample]):
                     f"{where}: no key {input_key!r} (the row has {sorted(row)}); set --input-key to the key holding the prompt.",
                     option="--input-key",
                 )
-            if label_key is not None and label_key not in row:
+            if label_key is not None and label_key not in row and not conversations:  # SFT: no label needed
                 raise UserError(
                     f"{where}: no key {label_key!r} (the row has {sorted(row)}); set --label-key to the key holding the answer.",
                     option="--label-key",
@@ -162,6 +168,11 @@ class PromptDataset(Sequence[Sample]):
             tools = row.get(tool_key)
             if tools is None:
                 tools = default_tools
+            if conversations:
+                self._samples.append(self._conversation(prompt, tools, where, tokenizer, template_kwargs))
+                self._samples[-1].label = row.get(label_key) if label_key is not None else None
+                self._samples[-1].metadata = metadata
+                continue
             text = self._render(prompt, tools, where, tokenizer, apply_chat_template, template_kwargs)
             tokens: list[int] = []
             if tokenizer is not None:
@@ -187,8 +198,10 @@ class PromptDataset(Sequence[Sample]):
             raise UserError(f"{flag} {self.path}: {why}.", option="--rollout-max-prompt-len" if self.num_filtered else flag)
 
     @classmethod
-    def from_config(cls, data: DataConfig, rollout: RolloutConfig, tokenizer: Any = None) -> PromptDataset:
-        """The training prompts as the resolved configuration declares them."""
+    def from_config(
+        cls, data: DataConfig, rollout: RolloutConfig, tokenizer: Any = None, *, conversations: bool = False
+    ) -> PromptDataset:
+        """The training prompts as the resolved configuration declares them (`conversations`: SFT rows)."""
         if data.prompt_data is None:
             raise UserError("--prompt-data is required; give a .jsonl or .parquet file of prompts.", option="--prompt-data")
         return cls(
@@ -202,6 +215,7 @@ class PromptDataset(Sequence[Sample]):
             apply_chat_template_kwargs=data.apply_chat_template_kwargs,
             max_prompt_len=rollout.rollout_max_prompt_len,
             default_tools=_tool_specs(rollout.generate_tool_specs_path),
+            conversations=conversations,
         )
 
     @staticmethod
@@ -220,6 +234,28 @@ class PromptDataset(Sequence[Sample]):
                 option="--metadata-key",
             )
         return value
+
+    @staticmethod
+    def _conversation(messages: Any, tools: Any, where: str, tokenizer: Any, kwargs: dict[str, Any]) -> Sample:
+        """A conversation row as a finished SFT sample (loss mask 1 on its assistant messages)."""
+        from miles.rollout.conversation import TemplateMismatch, conversation_ids
+
+        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) and "role" in m for m in messages)):
+            raise UserError(
+                f"{where}: with --loss-type sft_loss a row holds a conversation, a list of chat messages {{role, content}}, "
+                f"got {type(messages).__name__}; point --input-key at the messages.",
+                option="--input-key",
+            )
+        try:
+            ids, prompt_len, mask = conversation_ids(tokenizer, messages, tools=tools, **kwargs)
+        except TemplateMismatch as e:
+            raise UserError(f"{where}: cannot train on this conversation token-exactly: {e}.", option="--input-key") from None
+        except ValueError as e:
+            raise UserError(f"{where}: {e}; give every conversation at least one assistant message.", option="--input-key") from None
+        return Sample(
+            prompt=messages, tokens=ids, response=tokenizer.decode(ids[prompt_len:], skip_special_tokens=False),
+            response_length=len(ids) - prompt_len, loss_mask=mask, tools=tools, status=SampleStatus.COMPLETED,
+        )
 
     @staticmethod
     def _render(prompt: Any, tools: Any, where: str, tokenizer: Any, apply_chat_template: bool, kwargs: dict[str, Any]) -> Any:

@@ -40,6 +40,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("rollout/partial_continued_samples", "--partial-rollout: samples of this step that continued a partial response."),
     ("rollout/engine_restarts", "Engine servers restarted by fault tolerance since the run started (only with --rollout-num-gpus)."),
     ("rollout/requeued_requests", "Requests sent again because their engine server died under them, since the run started (only with --rollout-num-gpus)."),
+    ("rollout/teacher_log_probs", "--use-opd --opd-type sglang: mean teacher log-prob of the response tokens, scored by the engine at --opd-teacher-urls."),
     # train/: the optimizer steps on this rollout (means over the steps unless said otherwise)
     ("train/loss", "The loss that was back-propagated (policy loss − entropy bonus + KL loss)."),
     ("train/pg_loss", "PPO clipped surrogate (GSPO: with the sequence-level ratio)."),
@@ -53,6 +54,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     ("train/kl_loss", "Mean KL to the reference model (`--kl-loss-type`), with `--use-kl-loss`."),
     ("train/train_rollout_logprob_abs_diff", "Mean |trainer log-prob − rollout-engine log-prob| (engine mismatch)."),
     ("train/train_rollout_kl", "Mean low-variance KL between rollout-engine and trainer log-probs."),
+    ("train/opd_reverse_kl", "--use-opd: mean of student log-prob − teacher log-prob over trained tokens (the reverse KL to the teacher, from the log-probs before the update)."),
     ("train/tis", "Mean truncated importance-sampling weight, with `--use-tis`."),
     ("train/tis_clipfrac", "Fraction of tokens whose TIS weight was truncated."),
     ("train/tis_abs", "Mean |TIS weight − 1|."),
@@ -85,6 +87,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     # perf/: seconds and throughput
     ("perf/step_time", "Wall-clock seconds of the whole step (generate, train, save, sync, eval)."),
     ("perf/rollout_time", "Seconds spent generating and scoring the rollout."),
+    ("perf/opd_teacher_time", "--use-opd --opd-type sglang: seconds the teacher engine took to score the rollout (inside perf/rollout_time)."),
     ("perf/train_time", "Seconds the driver waited for training on the rollout."),
     ("perf/train_step_time", "Seconds the trainer spent in its train call (inside perf/train_time)."),
     ("perf/trainer_idle_time", "Seconds between the end of the previous train call and the start of this one (what the trainer waited for)."),

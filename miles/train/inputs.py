@@ -7,11 +7,14 @@ advantages and returns, filled into every micro-batch of one rollout on this ran
   `miles.train.loss.packed_loss` takes them) and a whole forward pass is saved; otherwise a no-grad
   forward of the actor before any update;
 - reference log-probs: from the frozen reference model, when the backend loaded one (a KL term);
+- teacher log-probs (`--use-opd`): the teacher engine's, carried in the train data (`--opd-type
+  sglang`), else a no-grad forward of the trainer's teacher (`--opd-type megatron`); OPD also needs
+  the old log-probs before the advantages, so it never reuses the training forward's;
 - values: for estimators registered with `needs_values` (ppo), the critic's pre-update values of
   this rank's samples, which `train_critic` returned (`fill_value_inputs` computes them on the
   critic's own ranks, whose data-parallel layout is the actor's);
 - advantages and returns of all this rank's samples in one vectorised call
-  (`miles.algo.advantages`); `--normalize-advantages` whitens with statistics summed over the whole
+  (`miles.algo.advantages`, with the OPD term of `miles.algo.opd`); `--normalize-advantages` whitens with statistics summed over the whole
   data-parallel group, so DP=N whitens exactly like DP=1.
 
 No whole-groups requirement: group statistics were taken over whole groups on the rollout side and
@@ -44,19 +47,25 @@ def fill_policy_inputs(
     from miles.algo.advantages import NEEDS_VALUES
 
     algo = backend.cfg.algo
+    opd = backend.cfg.opd.use_opd
     if algo.use_rollout_logprobs:
         if any(b.rollout_log_probs is None for b in batches):
             raise ValueError("--use-rollout-logprobs is set but the train data has no rollout_log_probs")
         for b in batches:
             b.old_log_probs = b.rollout_log_probs
-    elif num_steps == 1 and algo.kl_coef == 0 and reuse_on_policy_log_probs:
-        pass  # kl_coef needs the old log-probs earlier, for the advantages
+    elif num_steps == 1 and algo.kl_coef == 0 and not opd and reuse_on_policy_log_probs:
+        pass  # kl_coef and OPD need the old log-probs earlier, for the advantages
     else:
         for b, (lp, _) in zip(batches, backend.forward(batches, model="actor")):
             b.old_log_probs = lp
     if backend.has_reference:
         for b, (lp, _) in zip(batches, backend.forward(batches, model="ref")):
             b.ref_log_probs = lp
+    if opd and any(b.teacher_log_probs is None for b in batches):
+        if not backend.has_teacher:
+            raise ValueError("--use-opd: the train data has no teacher_log_probs and this trainer loaded no teacher")
+        for b, (lp, _) in zip(batches, backend.forward(batches, model="teacher")):
+            b.teacher_log_probs = lp
     token_values = None
     if algo.advantage_estimator in NEEDS_VALUES and values is None:
         # No critic group sent values: the backend must be able to give them itself (a critic does).
@@ -119,6 +128,8 @@ def fill_advantages(
         ref_log_probs=cat("ref_log_probs"),
         values=values,
         all_reduce=backend.all_reduce_dp if backend.dp_size > 1 else None,
+        teacher_log_probs=cat("teacher_log_probs") if backend.role == "actor" else None,  # the critic never sees OPD
+        opd_kl_coef=backend.cfg.opd.opd_kl_coef,
     )
     sizes = [b.loss_mask.numel() for b in batches]
     for b, a, r in zip(batches, advantages.split(sizes), returns.split(sizes)):

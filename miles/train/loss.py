@@ -18,7 +18,8 @@ from miles.backends.base import PackedBatch
 
 def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: PackedBatch,
                 normalizer: float) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The configured loss (`--loss-type`) of `batch`; on-policy old log-probs default to the detached ones."""
+    """The configured loss (`--loss-type`) of `batch`; on-policy old log-probs default to the detached ones.
+    With teacher log-probs (`--use-opd`) its metrics add `opd_reverse_kl`, reduced like the loss."""
     from miles.algo.losses import get_loss_function
     from miles.algo.segments import Segments
 
@@ -26,10 +27,11 @@ def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batc
     segments = Segments(batch.response_cu_seqlens)
     if cfg.loss_type == "sft_loss":
         return fn(cfg, log_probs=log_probs, loss_mask=batch.loss_mask, segments=segments, normalizer=normalizer)
-    return fn(
+    old_log_probs = batch.old_log_probs if batch.old_log_probs is not None else log_probs.detach()
+    loss, metrics = fn(
         cfg,
         log_probs=log_probs,
-        old_log_probs=batch.old_log_probs if batch.old_log_probs is not None else log_probs.detach(),
+        old_log_probs=old_log_probs,
         advantages=batch.advantages,
         loss_mask=batch.loss_mask,
         segments=segments,
@@ -38,6 +40,15 @@ def packed_loss(cfg, log_probs: torch.Tensor, entropy: torch.Tensor | None, batc
         entropy=entropy,
         normalizer=normalizer,
     )
+    if batch.teacher_log_probs is not None:
+        from miles.algo.opd import reverse_kl
+        from miles.algo.reduce import reduce_batch
+
+        kl = reverse_kl(old_log_probs, batch.teacher_log_probs, batch.loss_mask)
+        metrics = {**metrics, "opd_reverse_kl": reduce_batch(
+            kl, batch.loss_mask, segments, per_token=cfg.calculate_per_token_loss, normalizer=normalizer
+        )}
+    return loss, metrics
 
 
 def packed_value_loss(cfg, values: torch.Tensor, batch: PackedBatch, normalizer: float) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Build `PackedBatch`es from the rollout's per-sample train data.
 
 The rollout side hands the trainer a dict of per-sample lists (`tokens`, `response_lengths`,
-`rewards`, `loss_masks`, optional `rollout_log_probs`; see miles/rollout/train_data.py). The RL step
+`rewards`, `loss_masks`, optional `rollout_log_probs` and `teacher_log_probs`; see miles/rollout/train_data.py). The RL step
 picks the samples of one micro-batch by index and packs them: tokens concatenated with cumulative
 sequence lengths, response-token fields concatenated in the same sample order. Per-token fields that
 the step computes later (advantages, returns, old/ref log-probs) are left None.
@@ -31,6 +31,7 @@ def pack_samples(train_data: dict[str, Any], indices: Sequence[int], device: str
     response_lengths = [int(train_data["response_lengths"][i]) for i in indices]
     masks = [train_data["loss_masks"][i] for i in indices]
     rollout = train_data.get("rollout_log_probs")
+    teacher = train_data.get("teacher_log_probs")
     for i, t, r, m in zip(indices, tokens, response_lengths, masks):
         if not 0 <= r < len(t):
             raise ValueError(
@@ -41,6 +42,14 @@ def pack_samples(train_data: dict[str, Any], indices: Sequence[int], device: str
             raise ValueError(f"sample {i} has a loss mask of {len(m)} entries for {r} response tokens")
         if rollout is not None and len(rollout[i]) != r:
             raise ValueError(f"sample {i} has {len(rollout[i])} rollout log-probs for {r} response tokens")
+        if teacher is not None and len(teacher[i]) != r:
+            raise ValueError(f"sample {i} has {len(teacher[i])} teacher log-probs for {r} response tokens")
+
+    def per_token(values: list[list[float]] | None) -> torch.Tensor | None:
+        if values is None:
+            return None
+        return torch.tensor(list(itertools.chain.from_iterable(values[i] for i in indices)), dtype=torch.float32, device=device)
+
     lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
     cu = torch.zeros(len(indices) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=cu[1:])
@@ -49,9 +58,6 @@ def pack_samples(train_data: dict[str, Any], indices: Sequence[int], device: str
         cu_seqlens=cu.to(device),
         response_lengths=torch.tensor(response_lengths, dtype=torch.int64, device=device),
         loss_mask=torch.tensor(list(itertools.chain.from_iterable(masks)), dtype=torch.float32, device=device),
-        rollout_log_probs=(
-            torch.tensor(list(itertools.chain.from_iterable(rollout[i] for i in indices)), dtype=torch.float32, device=device)
-            if rollout is not None
-            else None
-        ),
+        rollout_log_probs=per_token(rollout),
+        teacher_log_probs=per_token(teacher),
     )

@@ -17,9 +17,10 @@ PAGE = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_tex
 
 def test_page_mentions_exactly_the_algo_flags():
     from miles.config.critic import CriticConfig
+    from miles.config.opd import OpdConfig
 
-    # The page documents the objective and PPO's critic (its own option group).
-    flags = {flag_name(f) for f in (*dataclasses.fields(AlgoConfig), *dataclasses.fields(CriticConfig))}
+    # The page documents the objective, PPO's critic and on-policy distillation (their own option groups).
+    flags = {flag_name(f) for f in (*dataclasses.fields(AlgoConfig), *dataclasses.fields(CriticConfig), *dataclasses.fields(OpdConfig))}
     used = set(re.findall(r"`(--[a-z0-9-]+)", PAGE))
     used = {"--" + f[5:] if f.startswith("--no-") and "--" + f[5:] in flags else f for f in used}  # --no-x of a bool
     assert used - flags == set(), "the page names flags that AlgoConfig does not have"

@@ -35,6 +35,22 @@ def make_tiny_hf_dir(path, *, seed: int = 0, tie_word_embeddings: bool = False) 
     return str(path)
 
 
+def make_tiny_moe_hf_dir(path, *, seed: int = 0) -> str:
+    """Save a 2-layer Qwen3-MoE causal LM to `path`: layer 0 MoE (4 experts, top 2, expert width 24, so
+    gate/up rows [2 x 24] differ from the hidden width 32), layer 1 a dense MLP."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+        tie_word_embeddings=False, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    Qwen3MoeForCausalLM(config).save_pretrained(str(path))
+    return str(path)
+
+
 def make_train_data(n: int, *, seed: int = 0, with_rollout_log_probs: bool = False) -> dict:
     """`n` samples: prompts of 3-6 tokens, responses of 2-7 tokens, rewards in {-1, 1}, the last
     response token of every third sample masked out (as a tool token would be)."""

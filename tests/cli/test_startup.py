@@ -40,8 +40,19 @@ def _imported_by(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], st
 def test_top_level_help_builds_no_command():
     imported, stdout = _imported_by(["--help"], NEVER_FOR_TOP_HELP)
     assert imported == []
-    for name in ("convert", "full-train", "train", "eval", "docker-build", "docs"):
+    for name in ("convert", "full-train", "train", "eval", "docker-build"):
         assert f"  {name} " in stdout
+
+
+def test_the_maintainers_docs_command_is_not_listed_and_still_runs():
+    """`miles docs` (regenerate/check the docs) is for maintainers: off the user's first screen and
+    out of completion, yet `miles docs ...` works as before (issue 28)."""
+    top = subprocess.run([sys.executable, "-m", "miles_cli.main", "--help"], capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0 and "  docker-build " in top.stdout, top.stdout
+    listed = [line.split()[0] for line in top.stdout.split("Commands:")[1].splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert listed == ["convert", "full-train", "train", "eval", "docker-build"]
+    r = subprocess.run([sys.executable, "-m", "miles_cli.main", "docs", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generate" in r.stdout and "check" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("argv", [["train", "--help"], ["train", "--lr", "1e-5", "--rollout-batch-size", "8", "--help"], ["eval", "--help-all"]])
@@ -138,7 +149,7 @@ def test_every_train_option_coerces_like_typer():
 
 @pytest.mark.parametrize(
     "words, cword, expected",
-    [("miles tr", "1", "train"), ("miles d", "1", "docker-build\ndocs"), ("miles train --rollout-batch", "2", "--rollout-batch-size")],
+    [("miles tr", "1", "train"), ("miles d", "1", "docker-build"), ("miles train --rollout-batch", "2", "--rollout-batch-size")],
 )
 def test_completion_of_lazy_commands_and_their_options(words, cword, expected):
     """Completing a command name lists the commands without building them; completing an option builds that command."""

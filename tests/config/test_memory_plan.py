@@ -35,11 +35,32 @@ def test_torch_ddp_fp32_holds_the_whole_model_with_adam():
     assert p.capacity is None and p.fits  # no GPU named: nothing to check against
 
 
-def test_fsdp_shards_and_bf16_adds_a_master_copy():
+def test_torch_bf16_keeps_fp32_master_parameters_and_counts_autocasts_bf16_copies():
+    """--bf16 on the torch backend: the parameters stay fp32 and are the master weights (no extra copy
+    in the optimizer); autocast holds a bf16 cast of every weight through a micro-batch's forward and
+    backward (measured on CPU: 8 Linear 2048x2048, peak +62.5 MiB over fp32 for a 64 MiB bf16 copy).
+    One worker: 4 + 4 + 8 + 2 = 18 bytes/param. DDP adds its fp32 gradient buckets: 22."""
     m = ModelSize.from_hf_config(TINY)
-    fsdp = plan_memory(cfg(train_backend="fsdp", bf16=True), m, None)
-    assert fsdp.trainer["parameters"] == int(m.total / 8 * 2)
-    assert fsdp.trainer["optimizer state"] == int(m.total / 8 * 12)  # moments + fp32 master, 1/8 each
+    n = m.total
+    one = plan_memory(cfg(bf16=True, actor_num_gpus_per_node=1, global_batch_size=8), m, None).trainer
+    assert (one["parameters"], one["gradients"], one["optimizer state"], one["bf16 weight copies"]) == (4 * n, 4 * n, 8 * n, 2 * n)
+    assert "DDP gradient buckets" not in one
+    ddp = plan_memory(cfg(bf16=True), m, None).trainer  # 8 workers
+    assert ddp["DDP gradient buckets"] == 4 * n
+    assert sum(ddp[k] for k in ("parameters", "gradients", "optimizer state", "bf16 weight copies", "DDP gradient buckets")) == 22 * n
+    fp32 = plan_memory(cfg(actor_num_gpus_per_node=1, global_batch_size=8), m, None).trainer
+    assert "bf16 weight copies" not in fp32 and fp32["parameters"] == 4 * n
+
+
+def test_fsdp_shards_fp32_state_and_gathers_two_layers_and_the_root():
+    m = ModelSize.from_hf_config(TINY)
+    n, world = m.total, 8
+    fsdp = plan_memory(cfg(train_backend="fsdp", bf16=True), m, None).trainer
+    # fp32 shards of parameters and gradients (reduce-scattered in fp32) and Adam's two moments, 1/8 each
+    assert (fsdp["parameters"], fsdp["gradients"], fsdp["optimizer state"]) == (int(n / world * 4), int(n / world * 4), int(n / world * 8))
+    # unsharded in bf16: embedding (tied: no separate head) + final norm + two of the two layers
+    assert fsdp["gathered weights"] == int((m.embedding + m.final_norm + 2 * m.layer_total / 2) * 2)
+    assert plan_memory(cfg(train_backend="fsdp"), m, None).trainer["gathered weights"] == fsdp["gathered weights"] * 2  # fp32
 
 
 def test_megatron_splits_layers_experts_and_the_optimizer():

@@ -17,8 +17,8 @@ from miles.errors import UserError
 
 REFUSED = {"context_parallel_size": 2, "expert_model_parallel_size": 2,
            "expert_tensor_parallel_size": 2, "optimizer_cpu_offload": True, "transformer_impl": "transformer_engine",
-           "attention_backend": "flash", "fp8_format": "e4m3"}
-EXTRA: dict[str, dict] = {}
+           "attention_backend": "flash", "fp8_format": "e4m3", "opd_type": "megatron"}
+EXTRA: dict[str, dict] = {"opd_type": {"use_opd": True, "opd_teacher_load": "teacher"}}
 # Settings a trainer implements now (their tests: tests/backends/test_bf16.py, test_dynamic_batch.py,
 # tests/backends/megatron): no backend refuses them.
 LIFTED = {"bf16": {"bf16": True}, "use_dynamic_batch_size": {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 1024}}
@@ -61,10 +61,18 @@ def test_lifted_settings_are_not_refused(option):
         assert gaps(cfg(train_backend=backend, **LIFTED[option]), gpu=False) == [], (option, backend)
 
 
-def test_gpu_gaps_and_unknown_architectures():
+def test_gpu_gaps_and_unknown_architectures(monkeypatch):
+    # Both trainers run on GPUs now (models on the device, collectives on device tensors).
+    for backend in ("megatron", "torch", "fsdp"):
+        assert gaps(cfg(train_backend=backend), gpu=True) == [], backend
+    # The table still refuses a backend listed in it: megatron always, torch only with > 1 worker.
+    from miles.config import trainer_support
+
+    monkeypatch.setitem(trainer_support.GPU_GAPS, "megatron", ("reason m", "lift"))
+    monkeypatch.setitem(trainer_support.GPU_GAPS, "torch", ("reason t", "lift"))
     assert [f for f, _ in gaps(cfg(train_backend="megatron"), gpu=True)] == ["--train-backend"]
     assert gaps(cfg(train_backend="torch", actor_num_gpus_per_node=1, global_batch_size=8), gpu=True) == []  # one worker: no reduction
-    assert [f for f, _ in gaps(cfg(), gpu=True)] == ["--train-backend"]  # 4 torch workers reduce metrics over NCCL
+    assert [s for _, s in gaps(cfg(), gpu=True)] == ["--train-backend torch on GPUs — reason t"]
     from miles.ckpt.convert.families import ARCHITECTURES
 
     found = gaps(cfg(), gpu=False, architecture="DeepseekV3ForCausalLM", families=ARCHITECTURES)

@@ -27,6 +27,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from miles.backends.collectives import on_group_device
 from miles.backends.megatron.parallel import ParallelOptions
 from miles.ckpt.convert.families import ModelShape
 from miles.ckpt.convert.layout import megatron_shapes
@@ -233,6 +234,7 @@ def gather_full(name: str, param: torch.Tensor, vocab_size: int) -> torch.Tensor
     if getattr(param, "tensor_model_parallel", False):
         group, size, _ = _tp_group_for(name)
         if size > 1:
+            local = on_group_device(local, group)  # NCCL gathers CUDA tensors only
             parts = [torch.empty_like(local) for _ in range(size)]
             dist.all_gather(parts, local.contiguous(), group=group)
             if _is_swiglu_fc1(name):
@@ -353,15 +355,20 @@ def iter_full_megatron_tensors(model, shape: ModelShape, rules: list[Rule] | Non
         elif stage == pp_rank:
             full = gather_full(name, params[name], shape.vocab_size)
         else:
-            full = torch.empty(shapes[name], dtype=_dtype_of(params))
+            full = torch.empty(shapes[name], dtype=_dtype_of(params), device=_device_of(params))
         if pp > 1:
             group = ps.get_pipeline_model_parallel_group()
+            full = on_group_device(full, group)  # the receive buffer too: NCCL refuses CPU tensors
             dist.broadcast(full, src=dist.get_global_rank(group, stage), group=group)
         yield name, full
 
 
 def _dtype_of(params: dict) -> torch.dtype:
     return next(iter(params.values())).dtype
+
+
+def _device_of(params: dict) -> torch.device:
+    return next(iter(params.values())).device
 
 
 def _gather_expert(name: str, params: dict, shape: ModelShape, stage: int, pp_rank: int) -> torch.Tensor:
@@ -372,8 +379,10 @@ def _gather_expert(name: str, params: dict, shape: ModelShape, stage: int, pp_ra
     e = _EXPERT.match(name)
     num_local = shape.num_experts // ps.get_expert_model_parallel_world_size()
     owner = int(e[2]) // num_local
-    full = gather_full(name, params[name], shape.vocab_size) if name in params else torch.empty(shapes[name], dtype=_dtype_of(params))
+    full = (gather_full(name, params[name], shape.vocab_size) if name in params
+            else torch.empty(shapes[name], dtype=_dtype_of(params), device=_device_of(params)))
     if stage == pp_rank:
         group = ps.get_expert_model_parallel_group()
+        full = on_group_device(full, group)
         dist.broadcast(full, src=dist.get_global_rank(group, owner), group=group)
     return full

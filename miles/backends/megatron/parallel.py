@@ -71,7 +71,7 @@ def check_model(shape: ModelShape, opts: ParallelOptions) -> None:
         raise UserError("The model cannot be split this way: " + "; ".join(problems) + ".", option="--tensor-model-parallel-size")
 
 
-def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: str) -> None:
+def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: str, seed: int = 0) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -86,6 +86,10 @@ def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: 
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1,
                                 timeout=datetime.timedelta(minutes=10))
+    if device == "cuda":
+        from miles.backends.collectives import select_cuda_device
+
+        select_cuda_device(rank)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
@@ -94,3 +98,10 @@ def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: 
         context_parallel_size=opts.context_parallel_size,
         expert_model_parallel_size=opts.expert_model_parallel_size,
     )
+    if device == "cuda":
+        # megatron-core forks the "model-parallel-rng" CUDA generator around every attention/embedding
+        # dropout (entered on each forward even at dropout 0): it must be seeded per TP rank. (On CPU
+        # miles.ckpt.megatron_compat makes that fork a no-op instead.)
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)

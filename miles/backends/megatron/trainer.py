@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
+from miles.backends.collectives import all_reduce_, group_device, reduce_floats
 from miles.backends.megatron import model as mm
 from miles.backends.precision import engine_dtype
 from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
@@ -69,7 +70,7 @@ class MegatronTrainer(TrainerBackend):
             from megatron.core import parallel_state as ps
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        init_parallel(self.opts, rank=rank, world_size=world_size, device=device)
+        init_parallel(self.opts, rank=rank, world_size=world_size, device=device, seed=cfg.optimizer.seed)
         self.ps = ps
         torch.manual_seed(cfg.optimizer.seed)
         if cfg.train.deterministic_mode:
@@ -81,6 +82,9 @@ class MegatronTrainer(TrainerBackend):
         if role == "critic":
             # Before DDP and the optimizer, which must see its parameters.
             mm.attach_value_head(module, self.shape, cfg.optimizer.seed)
+        # Built and loaded on the CPU (use_cpu_initialization), as megatron's own get_model does, then
+        # moved: DDP allocates its gradient buffers on the device the parameters are on.
+        module.to(device)
         self.config = module.config
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=cfg.train.use_distributed_optimizer)
@@ -100,7 +104,10 @@ class MegatronTrainer(TrainerBackend):
         if self.uses_reference:
             self.ref_model = mm.build_model(self.shape, self.opts)
             mm.load_weights(self.ref_model, cfg.ckpt.ref_load or source, self.shape)
-            self.ref_model.eval().requires_grad_(False)
+            self.ref_model.to(device).eval().requires_grad_(False)
+        from miles.backends.offload import HostStash
+
+        self._stash = HostStash()  # what offload() took off the device until onload()
         self.num_steps = 0  # optimizer steps taken: the LR schedule's whole state
         self.is_weight_source = dist.get_rank() == 0 and role == "actor"
         self.sync_dtype = engine_dtype(cfg)
@@ -125,8 +132,7 @@ class MegatronTrainer(TrainerBackend):
         return self.ps.get_data_parallel_world_size()
 
     def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t, group=self.ps.get_data_parallel_group())
-        return t
+        return all_reduce_(t, group=self.ps.get_data_parallel_group())
 
     @property
     def temperature(self) -> float:
@@ -174,7 +180,8 @@ class MegatronTrainer(TrainerBackend):
             return tensors  # type: ignore[return-value]
         group = ps.get_pipeline_model_parallel_group()
         src = dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1)
-        flat = torch.cat(tensors) if ps.is_pipeline_last_stage() else torch.empty(sum(sizes))
+        device = group_device(group)  # NCCL: the receive buffer must be a CUDA tensor too
+        flat = torch.cat(tensors).to(device) if ps.is_pipeline_last_stage() else torch.empty(sum(sizes), device=device)
         dist.broadcast(flat, src=src, group=group)
         return list(flat.split(sizes))
 
@@ -253,37 +260,50 @@ class MegatronTrainer(TrainerBackend):
             group = ps.get_pipeline_model_parallel_group()
             dist.broadcast_object_list(obj, src=dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1), group=group)
         keys = obj[0] or []
-        values = torch.tensor([local.get(k, 0.0) for k in keys], dtype=torch.float64)
-        out = {}
+        values = [local.get(k, 0.0) for k in keys]
         if ps.is_pipeline_last_stage() and ps.get_data_parallel_world_size() > 1:
             group = ps.get_data_parallel_group()
             for op, pick in ((dist.ReduceOp.SUM, lambda k: not k.endswith(("_max", "_min"))),
                              (dist.ReduceOp.MAX, lambda k: k.endswith("_max")), (dist.ReduceOp.MIN, lambda k: k.endswith("_min"))):
                 idx = [i for i, k in enumerate(keys) if pick(k)]
-                if idx:
-                    part = values[idx].clone()
-                    dist.all_reduce(part, op=op, group=group)
-                    values[idx] = part
-        if ps.get_pipeline_model_parallel_world_size() > 1:
+                if idx:  # reduce_floats: on the group's device (NCCL refuses CPU tensors)
+                    for i, v in zip(idx, reduce_floats([values[i] for i in idx], op=op, group=group)):
+                        values[i] = v
+        if ps.get_pipeline_model_parallel_world_size() > 1 and keys:
             group = ps.get_pipeline_model_parallel_group()
-            dist.broadcast(values, src=dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1), group=group)
-        out.update(zip(keys, values.tolist()))
-        return out
+            packed = torch.tensor(values, dtype=torch.float64, device=group_device(group))
+            dist.broadcast(packed, src=dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1), group=group)
+            values = packed.tolist()
+        return dict(zip(keys, values))
 
     # ----------------------------------------------------------------------------------------------
     def offload(self) -> None:
-        """Weights, gradients and optimizer state to host memory (nothing to do on CPU)."""
-        if self.device == "cpu":
-            return
-        self.optimizer.offload_to_cpu()
-        self.model.offload_grad_buffers()
-        torch.cuda.empty_cache()
+        """--offload-train: parameters (actor and reference), gradient buffers and optimizer state (fp32
+        main parameters, Adam moments) leave the GPU (nothing to do on CPU). See `offload_to_host`."""
+        if self.device != "cpu":
+            self.offload_to_host(self.device)
 
     def onload(self) -> None:
-        if self.device == "cpu":
-            return
-        self.model.restore_grad_buffers()
-        self.optimizer.restore_from_cpu()
+        if self._stash.offloaded:
+            self._stash.restore()
+
+    def offload_to_host(self, device: str) -> int:
+        """Release every storage on `device` this trainer holds (miles/backends/offload.py: copied to
+        host and shrunk in place, so megatron's buffer views survive; gradients dropped and zeroed on
+        return); the bytes released. Public for the CPU tests, which run it with device="cpu"."""
+        from miles.backends.megatron.checkpoint import _inner_optimizers
+
+        keep: list[torch.Tensor] = list(self.model.parameters())
+        if self.ref_model is not None:
+            keep += list(self.ref_model.parameters())
+        grads: list[torch.Tensor] = [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]
+        for opt in _inner_optimizers(self):
+            inner = opt.optimizer
+            for group in inner.param_groups:
+                keep += group["params"]  # the fp32 main copies under --bf16 / the distributed optimizer
+                grads += [p.grad for p in group["params"] if p.grad is not None]
+            keep += [v for st in inner.state.values() for v in st.values() if torch.is_tensor(v)]
+        return self._stash.offload(keep, device, discard=grads)
 
     # ----------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

@@ -21,6 +21,10 @@ around every forward, which runs matmuls in bf16 from the fp32 parameters (norms
 log-probs stay fp32; backward follows the forward's dtypes, so parameter gradients are fp32 and DDP
 reduces them in fp32). The log-probs are always computed in fp32 from the (bf16) logits.
 
+`--use-opd --opd-type megatron` loads the distillation teacher (`--opd-teacher-load`) beside the actor
+like the reference model: frozen, never given to the optimizer, never saved, offloaded with the actor;
+`forward(model="teacher")` gives its log-probs.
+
 `role="critic"` builds PPO's critic instead (miles/backends/torch/value_model.py: the decoder of
 `--critic-load` with a scalar value head, no LM head and no reference model): `values()` gives its
 per-token values and `forward_backward` hands its loss function values in place of log-probs. A
@@ -44,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.base import LossFn, PackedBatch, TrainerBackend
+from miles.backends.collectives import all_reduce_, reduce_floats
 from miles.backends.torch.fsdp import full_tensor
 from miles.backends.precision import compute_context, engine_dtype
 from miles.backends.torch.forward import ResponseLogits, response_log_probs
@@ -71,10 +76,8 @@ def _all_reduce_metrics(local: dict[str, float]) -> dict[str, float]:
         (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
     ):
         keys = sorted(k for k in local if pick(k))
-        if keys:
-            packed = torch.tensor([local[k] for k in keys], dtype=torch.float64)
-            dist.all_reduce(packed, op=op)
-            out.update(zip(keys, packed.tolist()))
+        if keys:  # on the group's device: NCCL refuses CPU tensors
+            out.update(zip(keys, reduce_floats([local[k] for k in keys], op=op)))
     return out
 
 
@@ -163,6 +166,16 @@ class TorchBackend(TrainerBackend):
                 from miles.backends.torch.fsdp import shard_response_logits
 
                 shard_response_logits(self.ref_net, device, bf16=self.bf16)
+        self.teacher_net: ResponseLogits | None = None
+        opd = cfg.opd
+        if role == "actor" and opd.use_opd and opd.opd_type == "megatron":
+            teacher = _load_causal_lm(opd.opd_teacher_load, device)
+            teacher.eval().requires_grad_(False)
+            self.teacher_net = ResponseLogits(teacher)
+            if self.fsdp:
+                from miles.backends.torch.fsdp import shard_response_logits
+
+                shard_response_logits(self.teacher_net, device, bf16=self.bf16)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         # FSDP's policy casts inside the sharded modules; autocast would only cast them again.
         self._compute = lambda: compute_context(device, bf16=self.bf16 and not self.fsdp)
@@ -181,6 +194,10 @@ class TorchBackend(TrainerBackend):
         return self.ref_net is not None or (self.peft is not None and self.uses_reference)
 
     @property
+    def has_teacher(self) -> bool:
+        return self.teacher_net is not None
+
+    @property
     def dp_rank(self) -> int:
         return self.rank
 
@@ -189,15 +206,14 @@ class TorchBackend(TrainerBackend):
         return self.world_size
 
     def all_reduce_dp(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t)
-        return t
+        return all_reduce_(t)
 
     def all_reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
         return _all_reduce_metrics(local) if self.world_size > 1 else local
 
     # ----------------------------------------------------------------------------------------------
     def forward(
-        self, batches: list[PackedBatch], *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+        self, batches: list[PackedBatch], *, model: Literal["actor", "ref", "teacher"] = "actor", with_entropy: bool = False
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per batch, log-probs [R] (and entropy [R]) of its response tokens, no grad, at the rollout
         temperature; each batch is one forward."""
@@ -205,8 +221,10 @@ class TorchBackend(TrainerBackend):
             raise RuntimeError("the critic has no log-probs; call values()")
         if model == "ref" and not self.has_reference:
             raise RuntimeError("no reference model is loaded: it is loaded only when --use-kl-loss or --kl-coef is set")
+        if model == "teacher" and self.teacher_net is None:
+            raise RuntimeError("no teacher is loaded: it is loaded only with --use-opd --opd-type megatron")
         base_only = model == "ref" and self.peft is not None
-        net = self.net if model == "actor" or base_only else self.ref_net
+        net = {"actor": self.net, "ref": self.net if base_only else self.ref_net, "teacher": self.teacher_net}[model]
         # No-grad passes score the policy itself: dropout (--lora-dropout) is for the training pass only.
         self.model.eval()
         out = []
@@ -284,7 +302,7 @@ class TorchBackend(TrainerBackend):
             return  # already in host memory
         # The wrappers, not the HF models: under FSDP they are the roots, whose `.to()` re-points
         # the sharded parameters FSDP keeps (the HF model's own `.to()` would miss the root's).
-        for net in (self.net, self.ref_net):
+        for net in (self.net, self.ref_net, self.teacher_net):
             if net is not None:
                 net.to(device)
         for state in self.optimizer.state.values():
@@ -312,8 +330,9 @@ class TorchBackend(TrainerBackend):
 
     # ----------------------------------------------------------------------------------------------
     def named_weights_for_sync(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, full tensor, cast to `dtype` when given) for every weight, each parameter
-        once (a tied lm_head is skipped, as in HF's safetensors). Unsharded and already of that dtype,
+        """(Hugging Face checkpoint name, full tensor, cast to `dtype` when given) for every weight, each
+        parameter once (a tied lm_head is skipped, as in HF's safetensors); MoE experts that transformers
+        fuses in memory are split back per expert (miles/utils/hf_experts.py), as the checkpoint holds them. Unsharded and already of that dtype,
         the tensors are the live weights, detached: copy them before the next `train_step`. Under FSDP each is gathered when the iterator reaches it,
         a collective: every rank must iterate to the end."""
         if self.peft is not None:  # base + adapter under the base's names (miles/backends/torch/lora.py)
@@ -322,14 +341,19 @@ class TorchBackend(TrainerBackend):
             for name, merged in merged_named_weights(self.model):
                 yield name, merged if dtype is None else merged.to(dtype)
             return
-        seen: set[int] = set()
-        # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
-        # on every rank (a storage pointer would not do: an empty shard has none).
-        for name, tensor in self.model.state_dict(keep_vars=True).items():
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            full = full_tensor(tensor.detach())
+        from miles.utils.hf_experts import checkpoint_tensors
+
+        def unique_full() -> Iterator[tuple[str, torch.Tensor]]:
+            seen: set[int] = set()
+            # keep_vars: the Parameter objects themselves, so a tied weight is one object under two names
+            # on every rank (a storage pointer would not do: an empty shard has none).
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    yield name, full_tensor(tensor.detach())
+
+        # Checkpoint names, as engines load them: transformers 5 fuses MoE experts in memory.
+        for name, full in checkpoint_tensors(unique_full(), getattr(self.model.config, "model_type", None)):
             yield name, full if dtype is None else full.to(dtype)
 
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

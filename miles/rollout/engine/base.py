@@ -124,6 +124,10 @@ class GenerateRequest:
     return_logprob: bool = False
     rid: str | None = None
     """Optional request id, echoed in the response's meta_info."""
+    logprob_start_len: int | None = None
+    """With `return_logprob`: also score the prompt's own tokens from this position on (SGLang's
+    `input_token_logprobs`; position 0 has no log-prob). On-policy distillation's teacher scores a
+    sample's whole token sequence this way, with `max_new_tokens` 0."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling_params, dict):
@@ -139,6 +143,8 @@ class GenerateRequest:
         }
         if self.rid is not None:
             d["rid"] = self.rid
+        if self.logprob_start_len is not None:
+            d["logprob_start_len"] = self.logprob_start_len
         return d
 
     @classmethod
@@ -148,6 +154,7 @@ class GenerateRequest:
             sampling_params=SamplingParams.from_dict(d.get("sampling_params", {})),
             return_logprob=bool(d.get("return_logprob", False)),
             rid=d.get("rid"),
+            logprob_start_len=d.get("logprob_start_len"),
         )
 
 
@@ -165,6 +172,11 @@ class GenerateResponse:
     matched: int | str | None = None
     """The stop token id or stop string that finished the response (finish_type "stop")."""
     rid: str | None = None
+    input_token_logprobs: list[float | None] | None = None
+    """With `logprob_start_len`: one entry per prompt token from that position on, the log-prob of the
+    token given the ones before it (None for position 0, which nothing predicts)."""
+    input_token_ids: list[int] | None = None
+    """The prompt tokens `input_token_logprobs` score (SGLang pairs each log-prob with its token id)."""
 
     @property
     def completion_tokens(self) -> int:
@@ -193,6 +205,8 @@ class GenerateResponse:
         d: dict[str, Any] = {"output_ids": self.output_ids, "text": self.text, "meta_info": self.meta_info}
         if self.output_token_logprobs is not None:
             d["output_token_logprobs"] = self.output_token_logprobs
+        if self.input_token_logprobs is not None:
+            d["input_token_logprobs"], d["input_token_ids"] = self.input_token_logprobs, self.input_token_ids
         return d
 
     @classmethod
@@ -203,6 +217,12 @@ class GenerateResponse:
         logprobs = d.get("output_token_logprobs")
         if logprobs is None and meta.get("output_token_logprobs") is not None:
             logprobs = [float(item[0]) for item in meta["output_token_logprobs"]]
+        inputs = d.get("input_token_logprobs")
+        if inputs is None and meta.get("input_token_logprobs") is not None:
+            inputs = [None if item[0] is None else float(item[0]) for item in meta["input_token_logprobs"]]
+            input_ids = [int(item[1]) for item in meta["input_token_logprobs"]]
+        else:
+            input_ids = d.get("input_token_ids")
         output_ids = d.get("output_ids")
         if output_ids is None and meta.get("output_token_logprobs") is not None:
             output_ids = [int(item[1]) for item in meta["output_token_logprobs"]]
@@ -218,6 +238,8 @@ class GenerateResponse:
             output_token_logprobs=logprobs,
             matched=reason.get("matched"),
             rid=meta.get("id"),
+            input_token_logprobs=inputs,
+            input_token_ids=input_ids,
         )
 
 

@@ -31,7 +31,9 @@ How requests run:
    slots are refilled an eighth of the batch at a time (each admission costs a prefill forward), or
    at once when everything waiting fits.
 5. Log-probs: see `base.py` (`log_softmax(logits / T)` of the chosen token; T = 1 for greedy;
-   `return_original_logprob=True` gives T = 1 always).
+   `return_original_logprob=True` gives T = 1 always). A request with `max_new_tokens` 0,
+   `return_logprob` and `logprob_start_len` gets its prompt's own log-probs instead (SGLang's
+   `input_token_logprobs`, at the same T): how an on-policy distillation teacher scores samples.
 
 Usage:
 
@@ -287,12 +289,29 @@ class BuiltinEngine(RolloutEngine):
             self._seq += 1
             if sp.max_new_tokens == 0:
                 row.finish = "length"
-                future.set_result(self._responses([row], self.weight_version)[0])
+                resp = self._responses([row], self.weight_version)[0]
+                if req.return_logprob and req.logprob_start_len is not None:
+                    resp.input_token_logprobs, resp.input_token_ids = self._score_prompt(req)
+                future.set_result(resp)
                 return future
             (self._held if self._paused or self._updating else self._waiting).append(row)
             self._ensure_thread()
             self._cond.notify_all()
         return future
+
+    def _score_prompt(self, req: GenerateRequest) -> tuple[list[float | None], list[int]]:
+        """The log-prob of every prompt token given the ones before it, from `req.logprob_start_len` on
+        (SGLang's `input_token_logprobs`; position 0 gets None), at the request's temperature like the
+        output log-probs. One forward of the whole prompt, outside the decode batch: the caller holds
+        the lock, so no weight update runs under it."""
+        sp = req.sampling_params
+        temperature = sp.temperature if sp.temperature > 0 and not self.return_original_logprob else 1.0
+        ids = torch.tensor([req.input_ids], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+        lp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        start = max(0, int(req.logprob_start_len or 0))
+        return ([None] + lp.tolist())[start:], list(req.input_ids[start:])
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
         """Answer every request (same order); blocks while paused (up to `wait_timeout_s`)."""

@@ -71,6 +71,8 @@ def sglang_json(resp: GenerateResponse) -> dict[str, Any]:
     meta["weight_version"] = str(resp.weight_version)
     if resp.output_token_logprobs is not None:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(resp.output_token_logprobs, resp.output_ids)]
+    if resp.input_token_logprobs is not None:
+        meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(resp.input_token_logprobs, resp.input_token_ids or [])]
     return {"text": resp.text, "output_ids": resp.output_ids, "meta_info": meta}
 
 
@@ -93,11 +95,12 @@ def _requests_from_body(body: dict[str, Any]) -> tuple[list[GenerateRequest], bo
     sps = per_row("sampling_params", {})
     rids = per_row("rid", None)
     logprob = per_row("return_logprob", False)
+    start = per_row("logprob_start_len", None)
     if batched and any(r is not None for r in rids) and len(set(rids)) != n:
         raise ValueError("duplicate rid in one batch")
     reqs = [
-        GenerateRequest(list(row), SamplingParams.from_dict(sp or {}), bool(lp), rid)
-        for row, sp, rid, lp in zip(rows, sps, rids, logprob)
+        GenerateRequest(list(row), SamplingParams.from_dict(sp or {}), bool(lp), rid, st)
+        for row, sp, rid, lp, st in zip(rows, sps, rids, logprob, start)
     ]
     return reqs, batched
 

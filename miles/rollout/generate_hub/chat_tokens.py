@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from miles.rollout.conversation import TemplateMismatch
 
-class TemplateMismatch(ValueError):
-    """The chat template renders earlier turns differently once more messages follow."""
+__all__ = ["TemplateMismatch", "prompt_ids", "suffix_ids"]
 
 
 def _stand_in_assistant(tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -67,3 +67,4 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[di
     kw: dict[str, Any] = {"tools": tools} if tools else {}
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **kw)
     return list(tokenizer.encode(text, add_special_tokens=False))
+

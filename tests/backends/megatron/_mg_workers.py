@@ -4,7 +4,8 @@
 port, one torch thread each); every rank builds the trainer from `job["config"]` (option values by
 field name), optionally loads a checkpoint, trains on the rollouts `job["rollouts"]` (seeds for
 `reference.make_train_data`), optionally saves a checkpoint after rollout `job["save_after"]`,
-and rank 0 writes `result.pt`: the metrics of every rollout, the weights checksum, the HF tensors
+and rank 0 writes `result.pt` (with `job["offload_each_rollout"]` the trainer's storages are released
+and restored after every rollout, the bytes held before, released, and held after): the metrics of every rollout, the weights checksum, the HF tensors
 from `iter_weight_buckets` and (with `job["export_hf"]`) an HF export of the same weights.
 """
 
@@ -36,15 +37,18 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
 
     from _mg_reference import make_train_data
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    device = job.get("device", "cpu")  # "cuda": NCCL, one GPU per rank (the GPU-only tests)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
     from miles.backends.megatron.trainer import MegatronTrainer
     from miles.train.step import train_rollout
     from miles.config.resolve import build_config, fill_derived
 
     cfg = build_config(job["config"])
     fill_derived(cfg)
-    trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device="cpu")
+    trainer = MegatronTrainer(cfg, rank=rank, world_size=world, device=device)
     trainer.layout = job.get("layout")  # None: the cheaper layout per micro-batch
     if job.get("load"):
         trainer.load_checkpoint(job["load"])
@@ -54,7 +58,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         from miles.train.packing import pack_samples
 
         data = make_train_data(4, seed=job["log_probs_seed"], vocab=job.get("vocab", 19))
-        return trainer.compute_log_probs(pack_samples(data, range(4), "cpu"), with_entropy=True)
+        lp, ent = trainer.compute_log_probs(pack_samples(data, range(4), device), with_entropy=True)
+        return lp.cpu(), ent.cpu()
 
     if job.get("log_probs_seed") is not None:
         result["initial_log_probs"], result["initial_entropy"] = log_probs()
@@ -62,6 +67,14 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         data = make_train_data(job.get("samples", 8), seed=seed, vocab=job.get("vocab", 19))
         result["metrics"].append(train_rollout(trainer, data, rollout_id=k,
                                                reuse_on_policy_log_probs=job.get("reuse_on_policy_log_probs", True)))
+        if job.get("offload_each_rollout"):  # what --offload-train does on a GPU, here on the CPU's storages
+            held = _held_bytes(trainer)
+            allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
+            freed = trainer.offload_to_host(device)
+            offloaded = torch.cuda.memory_allocated() if device == "cuda" else 0
+            result.setdefault("offload", []).append((held, freed, _held_bytes(trainer)))
+            result.setdefault("cuda_allocated", []).append((allocated, offloaded))
+            trainer.onload()
         if job.get("save_after") == k:
             os.makedirs(job["save"], exist_ok=True)
             trainer.save_checkpoint(job["save"])
@@ -69,9 +82,12 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         result["log_probs"], result["entropy"] = log_probs()
     result["checksum"] = trainer.weights_checksum()
     result["dtypes"] = _dtypes(trainer)
+    result["num_params"] = sum(p.numel() for p in trainer.model.parameters())
+    result["devices"] = sorted({p.device.type for p in trainer.model.parameters()})
     buckets = list(trainer.iter_weight_buckets(job.get("bucket_bytes", 64 * 1024)))
     result["num_buckets"] = len(buckets)
-    result["bucket_tensors"] = [(n, t.clone()) for b in buckets for n, t in b]
+    result["bucket_devices"] = sorted({t.device.type for b in buckets for _, t in b})
+    result["bucket_tensors"] = [(n, t.cpu().clone()) for b in buckets for n, t in b]
     if job.get("export_hf") and trainer.is_weight_source:
         from miles.ckpt.hf_export import export_hf
 
@@ -83,6 +99,17 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
         torch.save(result, os.path.join(out_dir, "result.pt"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _held_bytes(trainer) -> int:
+    """Bytes of the distinct storages behind parameters, gradient buffers and optimizer state."""
+    from miles.backends.megatron.checkpoint import _inner_optimizers
+
+    tensors = list(trainer.model.parameters()) + [b.grad_data for b in trainer.model.buffers]
+    for opt in _inner_optimizers(trainer):
+        tensors += [p for g in opt.optimizer.param_groups for p in g["params"]]
+        tensors += [v for st in opt.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
 def _dtypes(trainer) -> dict:
