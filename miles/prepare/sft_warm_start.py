@@ -27,6 +27,31 @@ from miles.errors import UserError
 from miles.prepare import build_once
 
 
+def _warm_start(kind: str, examples_of, *, base_model: str, data: str, out_dir: str, steps: int, seed: int,
+                batch_size: int, lr: float) -> Path:
+    """Build (once) an SFT warm start of kind `kind`; `examples_of(tokenizer)` gives its
+    (tokens, response length, loss mask) examples from `data`."""
+    spec = {
+        "kind": kind,
+        "base_model": str(Path(base_model).resolve()),
+        "data": str(Path(data).resolve()),
+        "steps": steps,
+        "seed": seed,
+        "batch_size": batch_size,
+        "lr": lr,
+    }
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        torch.set_num_threads(1)
+        tok = AutoTokenizer.from_pretrained(base_model, local_files_only=True)
+        _train(base_model, examples_of(tok), tmp, data=data, steps=steps, seed=seed, batch_size=batch_size, lr=lr)
+
+    return build_once(out_dir, spec, build, what="SFT warm start")
+
+
 def sft_warm_start(
     *, base_model: str, data: str, out_dir: str, steps: int, seed: int = 0, batch_size: int = 64, lr: float = 1e-3
 ) -> Path:
@@ -35,31 +60,18 @@ def sft_warm_start(
     Skipped when `out_dir` is already complete with the same arguments; a complete directory built
     with other arguments raises `UserError`.
     """
-    spec = {
-        "kind": "sft-warm-start",
-        "base_model": str(Path(base_model).resolve()),
-        "data": str(Path(data).resolve()),
-        "steps": steps,
-        "seed": seed,
-        "batch_size": batch_size,
-        "lr": lr,
-    }
 
-    def build(tmp: Path) -> None:
-        import torch
-        from transformers import AutoTokenizer
-
-        torch.set_num_threads(1)
-        tok = AutoTokenizer.from_pretrained(base_model, local_files_only=True)
+    def examples_of(tok) -> list:
         rows = [json.loads(line) for line in Path(data).read_text().splitlines() if line.strip()]
         examples = []
         for row in rows:
             prompt = tok.encode(row["input"], add_special_tokens=False)
             answer = tok.encode(str(row["label"]), add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prompt + answer, len(answer), [1] * len(answer)))
-        _train(base_model, examples, tmp, data=data, steps=steps, seed=seed, batch_size=batch_size, lr=lr)
+        return examples
 
-    return build_once(out_dir, spec, build, what="SFT warm start")
+    return _warm_start("sft-warm-start", examples_of, base_model=base_model, data=data, out_dir=out_dir, steps=steps,
+                       seed=seed, batch_size=batch_size, lr=lr)  # fmt: skip
 
 
 def sft_conversation_warm_start(
@@ -68,29 +80,15 @@ def sft_conversation_warm_start(
     """`sft_warm_start` on a JSONL of conversations (`messages`, optional `tools`), as `miles train
     --loss-type sft_loss` reads them: the chat template's tokens, the loss on assistant messages only
     (`miles.rollout.conversation.conversation_ids`)."""
-    spec = {
-        "kind": "sft-conversation-warm-start",
-        "base_model": str(Path(base_model).resolve()),
-        "data": str(Path(data).resolve()),
-        "steps": steps,
-        "seed": seed,
-        "batch_size": batch_size,
-        "lr": lr,
-    }
 
-    def build(tmp: Path) -> None:
-        import torch
-        from transformers import AutoTokenizer
-
+    def examples_of(tok) -> list:
         from miles.rollout.data_source import PromptDataset
 
-        torch.set_num_threads(1)
-        tok = AutoTokenizer.from_pretrained(base_model, local_files_only=True)
         samples = PromptDataset(data, tokenizer=tok, input_key="messages", conversations=True)
-        examples = [(s.tokens, s.response_length, s.loss_mask) for s in samples]
-        _train(base_model, examples, tmp, data=data, steps=steps, seed=seed, batch_size=batch_size, lr=lr)
+        return [(s.tokens, s.response_length, s.loss_mask) for s in samples]
 
-    return build_once(out_dir, spec, build, what="SFT warm start")
+    return _warm_start("sft-conversation-warm-start", examples_of, base_model=base_model, data=data, out_dir=out_dir,
+                       steps=steps, seed=seed, batch_size=batch_size, lr=lr)  # fmt: skip
 
 
 def _train(
