@@ -188,7 +188,7 @@ def test_default_full_train_learns(work):
     assert evals[-1] >= evals[0] + 0.2, r.stdout[-2000:]
     diffs = [row["train/train_rollout_logprob_abs_diff"] for row in logged if "train/train_rollout_logprob_abs_diff" in row]
     assert max(diffs) < 1e-4, max(diffs)  # trainer and engine score the same (T = 0.8) policy
-    assert "before RL" in r.stdout and "Plot:" in r.stdout
+    assert "before training" in r.stdout and "Plot:" in r.stdout
 
 
 def test_sigkill_after_a_checkpoint_then_rerun_resumes_and_matches(work, warm_start):
