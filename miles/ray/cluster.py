@@ -138,7 +138,7 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
             stack.join()
         from miles.ray.actors import RolloutManagerActor, TrainWorkerActor
         from miles.ray.hosting import start_actor
-        from miles.ray.rollout_manager import pick_device
+        from miles.ray.device import pick_device
         from miles.ray.train_group import TrainGroup
 
         device = pick_device(cfg.cluster.device)

@@ -35,6 +35,7 @@ import torch
 
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
+from miles.ray.device import pick_device
 from miles.ray.engine_factory import make_engine
 from miles.ray.weight_sync import InProcessTargets, current_node_id
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
@@ -96,12 +97,6 @@ def engine_tp_size(cfg: EngineConfig) -> int:
     return engine_layout(cfg).gpus_per_engine
 
 
-def pick_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was given but no CUDA device is visible; use --device cpu or auto.", option="--device")
-    return device
 
 
 class RolloutManager:
