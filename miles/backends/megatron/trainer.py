@@ -53,7 +53,8 @@ class MegatronTrainer(TrainerBackend):
 
     def __init__(self, cfg, *, rank: int, world_size: int, device: str, init_checkpoint: str | None = None,
                  role: Literal["actor", "critic"] = "actor"):
-        from miles.ckpt.megatron_compat import ensure_cpu_compat, ensure_moe_router_without_te, quiet_megatron_import
+        from miles.ckpt.megatron_compat import (ensure_alltoall_dispatcher_without_cuda, ensure_cpu_compat,
+                                               ensure_moe_router_without_te, quiet_megatron_import)
 
         self.cfg, self.rank, self.world_size, self.device, self.role = cfg, rank, world_size, device, role
         check_layout(cfg, world_size)
@@ -68,6 +69,7 @@ class MegatronTrainer(TrainerBackend):
         with quiet_megatron_import():
             ensure_cpu_compat()
             ensure_moe_router_without_te()
+            ensure_alltoall_dispatcher_without_cuda()
             from megatron.core import parallel_state as ps
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
