@@ -22,7 +22,8 @@ engine GPU. Trainer side, in bytes:
   --use-dynamic-batch-size, else --micro-batch-size × the longest sample), over the layers of this
   stage, × the micro-batches a 1F1B pipeline keeps in flight (PP). --recompute-granularity full keeps
   only each recompute group's input plus one group's activations; selective drops the attention
-  probabilities. Plus the fp32 logits and their log-softmax over the full vocabulary.
+  probabilities. Plus the fp32 logits and their log-softmax over the full vocabulary (megatron: over
+  each TP rank's vocabulary slice).
 - beside the actor, with its layout (`_beside_the_actor`): the KL reference's and the
   `--opd-type megatron` teacher's frozen parameters, and the PPO critic's whole trained state unless
   --offload-train makes the two take turns.
@@ -227,11 +228,15 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str], teacher: Model
         how = "every layer's activations stored" + ("" if flash else " incl. attention probabilities (no flash kernel)")
     in_flight = lay.pp
     activations = tokens * stored * act_bytes * in_flight
-    logits = tokens * m.vocab_size * (4 + 4) if lay.pp == 1 else 0
+    # megatron keeps each TP rank's vocabulary slice of the logits (the softmax runs over the TP group).
+    vocab_here = m.vocab_size / (lay.tp if backend == "megatron" else 1)
+    logits = tokens * vocab_here * (4 + 4) if lay.pp == 1 else 0
     details.append(
         f"activations: {tokens} tokens per micro-batch ({tokens_text}); {how}"
         + (f"; × {in_flight} micro-batches in flight (PP {lay.pp})" if in_flight > 1 else "")
-        + (f"; logits and log-softmax in fp32 over the full vocabulary ({m.vocab_size})" if logits else "")
+        + ((f"; logits and log-softmax in fp32 over the full vocabulary ({m.vocab_size})" if lay.tp == 1
+            else f"; logits and log-softmax in fp32 over this TP rank's vocabulary slice ({m.vocab_size} / TP {lay.tp})")
+           if logits else "")
     )
     gradients = n_params * g_bytes
     if cfg.lora.enabled:  # the frozen base has no gradients or Adam state; the adapters do (fp32)

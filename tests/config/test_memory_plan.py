@@ -183,3 +183,11 @@ def test_the_ppo_critic_is_a_second_trained_model_unless_offload_makes_them_take
     assert mg.trainer["PPO critic"] == int(critic * 2 + critic * 4 + critic * 12 / 8)
     off = plan_memory(cfg(advantage_estimator="ppo", offload_train=True, colocate=True), m, None)
     assert "PPO critic" not in off.trainer and any("takes turns" in d for d in off.details)
+
+
+def test_megatron_keeps_each_tp_ranks_vocabulary_slice_of_the_logits():
+    m = ModelSize.from_hf_config(TINY)
+    # 128 tokens (one sample of 28 + 100) x 40 columns / TP 2 x (fp32 logits + fp32 log-softmax)
+    tp2 = plan_memory(cfg(train_backend="megatron", tensor_model_parallel_size=2), m, None)
+    assert tp2.trainer["logits"] == 128 * 40 // 2 * 8
+    assert plan_memory(cfg(train_backend="megatron"), m, None).trainer["logits"] == 128 * 40 * 8

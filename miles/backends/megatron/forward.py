@@ -16,7 +16,7 @@ instead). The sequence is padded at the end to a multiple of `pad_multiple` (the
 sequence parallelism needs); in the packed layout with token 0 as one extra pseudo-sample that only
 attends to itself.
 
-Log-probs: the logits at position t predict token t + 1, so sample b's response tokens (the last r_b
+Log-probs (`response_log_probs`; under TP from each rank's vocabulary slice, vocab_parallel.py): the logits at position t predict token t + 1, so sample b's response tokens (the last r_b
 of its tokens) are scored by the logits at positions len_b - r_b - 1 .. len_b - 2 of its row (packed:
 at rows cu[b+1] - r_b - 1 .. cu[b+1] - 2 of the one stream).
 """
@@ -99,16 +99,27 @@ def _padded_inputs(batch: PackedBatch, pad_multiple: int) -> StreamInputs:
 
 
 def response_log_probs(logits: torch.Tensor, inputs: StreamInputs, *, vocab_size: int, temperature: float,
-                       with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [R] (and entropy [R]) of the response tokens from full-vocabulary logits [1, T, V_pad].
+                       with_entropy: bool, tp_group=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [R] (and entropy [R]) of the response tokens from logits [B', S, V_local].
 
-    The vocabulary padding columns are dropped before the softmax; logits are divided by the rollout
-    temperature (0, greedy, counts as 1), so trainer and engine score the same distribution.
+    `tp_group` None (TP=1): the logits hold the whole (padded) vocabulary. Otherwise they are this TP
+    rank's slice of it (TP rank r: columns r * V_local ..) and the softmax runs over the group
+    (vocab_parallel.py), so no rank builds a full-vocabulary tensor. The vocabulary padding columns are
+    dropped before the softmax; logits are divided by the rollout temperature (0, greedy, counts as 1),
+    so trainer and engine score the same distribution.
     """
     from miles.algo.entropy import entropy_from_logits
     from miles.backends.torch.forward import scale_logits_by_temperature
 
     seqs = 0 if inputs.seqs is None else inputs.seqs
+    if tp_group is not None:
+        import torch.distributed as dist
+
+        from miles.backends.megatron.vocab_parallel import vocab_parallel_log_probs
+
+        step = scale_logits_by_temperature(logits[seqs, inputs.rows].float(), temperature)
+        return vocab_parallel_log_probs(step, inputs.targets, vocab_start=dist.get_rank(tp_group) * logits.shape[-1],
+                                        vocab_size=vocab_size, group=tp_group, with_entropy=with_entropy)
     step = scale_logits_by_temperature(logits[seqs, inputs.rows, :vocab_size].float(), temperature)
     lp = step.gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step, dim=-1)
     return lp, (entropy_from_logits(step) if with_entropy else None)

@@ -126,8 +126,9 @@ def build_model(shape: ModelShape, opts: ParallelOptions):
         max_sequence_length=opts.max_sequence_length, pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(), position_embedding_type="rope",
         rotary_base=int(shape.rotary_base), share_embeddings_and_output_weights=shape.tie_word_embeddings,
-        # Full-vocabulary logits on every TP rank: the log-prob/entropy code stays backend-agnostic.
-        parallel_output=False,
+        # Under TP each rank keeps the logits of its vocabulary slice; log-probs and entropies are taken
+        # over the TP group (vocab_parallel.py), never on a full-vocabulary tensor.
+        parallel_output=True,
     )
     if opts.bf16:
         from megatron.core.transformer.module import Float16Module

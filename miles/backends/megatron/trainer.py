@@ -174,6 +174,8 @@ class MegatronTrainer(TrainerBackend):
         items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(), layout=self.layout or cheaper_layout(b, self.shape.hidden_size)))
                  for b in batches]
         vocab, temperature = self.shape.vocab_size, self.temperature
+        # TP > 1: the output layer hands each rank its vocabulary slice (parallel_output=True).
+        tp_group = self.ps.get_tensor_model_parallel_group() if self.opts.tensor_model_parallel_size > 1 else None
 
         def on_output(batch: PackedBatch, inputs: StreamInputs, output: torch.Tensor):
             if self.role == "critic":  # output [b, s, 1]: the value head's, read at the log-prob positions
@@ -181,7 +183,8 @@ class MegatronTrainer(TrainerBackend):
                 if loss_fn is None:
                     return output.sum() * 0.0, {"values": values.detach()}
                 return loss_fn(batch, values, None)
-            lp, ent = response_log_probs(output, inputs, vocab_size=vocab, temperature=temperature, with_entropy=with_entropy)
+            lp, ent = response_log_probs(output, inputs, vocab_size=vocab, temperature=temperature, with_entropy=with_entropy,
+                                         tp_group=tp_group)
             if loss_fn is None:
                 return output.sum() * 0.0, {"log_probs": lp.detach(), "entropy": None if ent is None else ent.detach()}
             return loss_fn(batch, lp, ent)
