@@ -363,6 +363,10 @@ class RolloutManager:
             **turn_metrics(samples, "rollout"),
             **teacher_metrics,
         }
+        if self.cfg.algo.loss_type == "sft_loss":  # the data's conversations: nothing was generated or rewarded
+            for key in ("rollout/raw_reward", "rollout/reward_std", "rollout/zero_std_fraction", "rollout/truncated_ratio",
+                        "perf/rollout_tokens_per_s"):
+                metrics.pop(key)
         if a.overlapped or a.partial_rollout:
             metrics.update(staleness_metrics(samples, rollout_id))
         health = self.engine.health()
