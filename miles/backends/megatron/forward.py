@@ -11,8 +11,9 @@ the two layouts the torch backend uses too (`miles.backends.torch.forward.choose
 - "padded": `[B, L]` rows, each sample right-padded to the longest, positions 0..L-1 and one causal
   mask `[1, 1, L, L]` for every row (a real token never sees the padding after it).
 
-Both reproduce per-sample logits to float rounding (a GPU build with TE would pass `PackedSeqParams`
-instead). The sequence is padded at the end to a multiple of `pad_multiple` (the TP size, which
+Both reproduce per-sample logits to float rounding. With `--transformer-impl transformer_engine` (GPU)
+the trainer passes the packed layout with `StreamInputs.packed_seq_params()` (`thd`, the samples'
+`cu_seqlens`) and no mask instead: TE's attention takes the boundaries, not a mask. The sequence is padded at the end to a multiple of `pad_multiple` (the TP size, which
 sequence parallelism needs); in the packed layout with token 0 as one extra pseudo-sample that only
 attends to itself.
 
@@ -40,6 +41,19 @@ class StreamInputs:
     rows: torch.Tensor  # int64 [R]: position (in its sequence) of the logits scoring each response token
     targets: torch.Tensor  # int64 [R]: the response tokens
     seqs: torch.Tensor | None = None  # int64 [R]: the sequence of each response token (None: all in sequence 0)
+    cu_seqlens: torch.Tensor | None = None  # int32 [N + 1]: packed layout, sample boundaries (the padding segment too)
+
+    def packed_seq_params(self):
+        """megatron-core's `PackedSeqParams(qkv_format="thd")` for the packed layout: TransformerEngine's
+        attention then keeps every sample to itself (and restarts RoPE per sample) from the boundaries
+        alone, with no [T, T] mask."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        if self.cu_seqlens is None:
+            raise ValueError("PackedSeqParams need the packed layout")
+        longest = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def cheaper_layout(batch: PackedBatch, hidden_size: int) -> str:
@@ -70,9 +84,11 @@ def stream_inputs(batch: PackedBatch, *, pad_multiple: int = 1, layout: str = "p
     resp = batch.response_lengths.cpu()
     rows = torch.cat([torch.arange(int(e) - int(r) - 1, int(e) - 1) for e, r in zip(ends, resp)]) if len(resp) else torch.zeros(0, dtype=torch.long)
     device = batch.tokens.device
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     return StreamInputs(
         input_ids=tokens.unsqueeze(0), position_ids=positions.unsqueeze(0).to(device),
         attention_mask=mask[None, None].to(device), rows=rows.to(device), targets=tokens[rows + 1],
+        cu_seqlens=cu_seqlens.to(device),
     )
 
 

@@ -171,7 +171,11 @@ class MegatronTrainer(TrainerBackend):
         """megatron's schedule over packed micro-batches; the per-micro-batch dicts of the last PP stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(), layout=self.layout or cheaper_layout(b, self.shape.hidden_size)))
+        # TransformerEngine's causal mask type ignores a mask: packed micro-batches go with PackedSeqParams
+        # (its default), padded rows (right padding, never seen by a real token) need none.
+        te = self.opts.transformer_impl == "transformer_engine"
+        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(),
+                                   layout=self.layout or ("packed" if te else cheaper_layout(b, self.shape.hidden_size))))
                  for b in batches]
         vocab, temperature = self.shape.vocab_size, self.temperature
         # TP > 1: the output layer hands each rank its vocabulary slice (parallel_output=True).
@@ -191,7 +195,10 @@ class MegatronTrainer(TrainerBackend):
 
         def forward_step(data_iterator, model):
             batch, inputs = next(data_iterator)
-            out = model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
+            if te and inputs.cu_seqlens is not None:
+                out = model(inputs.input_ids, inputs.position_ids, None, packed_seq_params=inputs.packed_seq_params())
+            else:
+                out = model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
             return out, partial(on_output, batch, inputs)
 
         longest = max(int(i.input_ids.shape[1]) for _, i in items)
