@@ -91,6 +91,16 @@ def check_can_train(inv) -> None:
     from miles.ckpt.convert.families import ARCHITECTURES
     from miles.config.trainer_support import check
 
+    from miles.config.megatron_checks import check_moe_layout
+    from miles.config.model_size import ModelSize
+
     config = model_config(inv) or {}
     check(inv.config, gpu=on_gpu(inv), architecture=(config.get("architectures") or [None])[0], families=ARCHITECTURES)
+    if config:
+        try:
+            experts = ModelSize.from_hf_config(config).num_experts
+        except (KeyError, TypeError, ValueError):
+            experts = 0
+        cuda = True if on_gpu(inv) else (False if inv.config.cluster.device == "cpu" else None)  # None: auto, no GPU named
+        check_moe_layout(inv.config, num_experts=experts, cuda=cuda)
     check_memory(inv)

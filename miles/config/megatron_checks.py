@@ -74,3 +74,21 @@ def check_hardware(cfg, *, cuda: bool) -> None:
     if t.context_parallel_size > 1:
         raise UserError("--context-parallel-size > 1 needs TransformerEngine attention on a GPU; use 1 on CPU.",
                         option="--context-parallel-size")
+
+
+def check_moe_layout(cfg, *, num_experts: int, cuda: bool | None) -> None:
+    """megatron-core 0.16.1 refuses to train MoE layers under TP without sequence parallelism (its MoE
+    layer raises in the first training forward); sequence parallelism in turn needs TE/Apex norms, which
+    a CPU has not (`check_hardware`). `cuda` None: not known yet (the message then names both fixes)."""
+    t = cfg.train
+    if t.train_backend != "megatron" or not num_experts or t.tensor_model_parallel_size == 1 or t.sequence_parallel:
+        return
+    tp = t.tensor_model_parallel_size
+    fix = {False: "on a CPU, where sequence parallelism cannot run, use --tensor-model-parallel-size 1 and split the "
+                  "experts with --expert-model-parallel-size",
+           True: "add --sequence-parallel (with --transformer-impl transformer_engine or Apex)",
+           None: "add --sequence-parallel on a GPU, or on a CPU use --tensor-model-parallel-size 1 and split the experts "
+                 "with --expert-model-parallel-size"}[cuda]
+    raise UserError(
+        f"--tensor-model-parallel-size {tp} on a MoE model needs --sequence-parallel (megatron-core refuses to train "
+        f"MoE layers under tensor parallelism without it): {fix}.", option="--tensor-model-parallel-size")

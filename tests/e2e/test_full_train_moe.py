@@ -71,3 +71,18 @@ def test_megatron_refuses_an_expert_split_that_does_not_fit_the_workers_with_exi
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "--expert-model-parallel-size x --pipeline-model-parallel-size = 2 does not divide the 3 training workers" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_megatron_refuses_tensor_parallel_moe_on_a_cpu_with_exit_2(tmp_path: Path):
+    """megatron-core refuses to train MoE layers under TP without sequence parallelism, which a CPU
+    cannot run: exit 2 before anything starts, saying what works there (TP 1, experts split by EP)."""
+    from miles.prepare.tiny_model import create_tiny_qwen3_moe
+
+    hf = create_tiny_qwen3_moe(tmp_path / "moe")
+    r = subprocess.run(MILES + ["train", "--model-name", "tiny-qwen3-moe", "--train-backend", "megatron",
+                                "--tensor-model-parallel-size", "2", "--num-gpus-per-node", "4", "--hf-checkpoint", str(hf),
+                                *_dirs(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "--tensor-model-parallel-size 2 on a MoE model needs --sequence-parallel" in r.stderr
+    assert "use --tensor-model-parallel-size 1 and split the experts with --expert-model-parallel-size" in r.stderr
+    assert "Traceback" not in r.stderr

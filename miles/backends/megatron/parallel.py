@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from miles.ckpt.convert.families import ModelShape
-from miles.config.megatron_checks import check_hardware, check_layout  # noqa: F401  (the config-only checks)
+from miles.config.megatron_checks import check_hardware, check_layout, check_moe_layout  # noqa: F401  (the config-only checks)
 from miles.errors import UserError
 
 

@@ -44,7 +44,8 @@ from miles.backends.collectives import all_reduce_, group_device, reduce_floats
 from miles.backends.megatron import model as mm
 from miles.backends.precision import engine_dtype
 from miles.backends.megatron.forward import StreamInputs, cheaper_layout, response_log_probs, stream_inputs
-from miles.backends.megatron.parallel import check_hardware, check_layout, check_model, init_parallel, options_from_config
+from miles.backends.megatron.parallel import (check_hardware, check_layout, check_model, check_moe_layout, init_parallel,
+                                              options_from_config)
 from miles.errors import UserError
 
 
@@ -64,6 +65,7 @@ class MegatronTrainer(TrainerBackend):
         self.layout: Literal["packed", "padded"] | None = None
         """How micro-batches meet the attention kernel (forward.py); None: the cheaper one per micro-batch."""
         check_model(self.shape, self.opts)
+        check_moe_layout(cfg, num_experts=self.shape.num_experts or 0, cuda=device == "cuda")
         if cfg.train.train_backend != "megatron":
             raise ValueError("MegatronTrainer built for a config with --train-backend torch")
         with quiet_megatron_import():
