@@ -69,3 +69,27 @@ def test_expert_parallel_two_ranks_equal_one_rank_holding_every_expert(moe_dir, 
     for name, tensor in sent_one.items():
         torch.testing.assert_close(sent_two[name], tensor, rtol=0, atol=1e-4, msg=name)
     assert two["per_rank"][0][0] == two["per_rank"][1][0]  # the checksum covers every expert on each rank
+
+
+@pytest.mark.slow  # two runs of four ranks, about 3 minutes on 2 busy cores
+def test_expert_parallel_with_two_pipeline_stages_equals_replicated_experts(moe_dir, tmp_path):
+    """PP=2 x EP=2 on four ranks (each stage's experts split over two ranks; the weight gathers go over EP
+    then PP) against PP=2 with every expert on each rank: the same losses, gradient norms, log-probs and
+    trained weights, all 4 experts per layer in the buckets."""
+    runs = {}
+    for ep in (1, 2):
+        config = {"hf_checkpoint": moe_dir, "train_backend": "megatron", "global_batch_size": 4, "num_steps_per_rollout": 2,
+                  "micro_batch_size": 1, "n_samples_per_prompt": 2, "lr": 1e-2, "actor_num_gpus_per_node": 4,
+                  "pipeline_model_parallel_size": 2, "expert_model_parallel_size": ep}
+        out = tmp_path / f"ep{ep}"
+        out.mkdir()
+        runs[ep] = _mp.run(4, {"config": config, "rollouts": [0, 1], "log_probs_seed": 5}, out, timeout=900)
+    one, two = runs[1], runs[2]
+    for a, b in zip(one["metrics"], two["metrics"], strict=True):
+        for key in ("train/loss", "train/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    torch.testing.assert_close(two["log_probs"], one["log_probs"], rtol=0, atol=1e-4)
+    sent_one, sent_two = dict(one["bucket_tensors"]), dict(two["bucket_tensors"])
+    assert sorted(sent_two) == sorted(sent_one)
+    for name, tensor in sent_one.items():
+        torch.testing.assert_close(sent_two[name], tensor, rtol=0, atol=2e-4, msg=name)
