@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_KEY = "eval/arith/accuracy"
+PHASES = ("rollout", "train", "weight_sync")  # perf/<phase>_time
 MODES = {  # name -> (label, flags added to the common ones)
     "sync": ("synchronous", ""),
     "train_async": ("--train-async", "--train-async"),
@@ -49,8 +50,10 @@ def _merged(path: Path) -> dict[int, dict]:
 
 def summarize(path: Path) -> dict[str, float]:
     steps = _merged(path)
-    plain = [r["perf/step_time"] for s, r in steps.items() if s > 1 and "perf/step_time" in r and EVAL_KEY not in r]
-    idle = [r["perf/trainer_idle_time"] for s, r in steps.items() if s > 1 and "perf/trainer_idle_time" in r and EVAL_KEY not in r]
+    def phase(key: str) -> list[float]:  # over steps without eval (whose step time holds the eval) and after the first
+        return [r[key] for s, r in steps.items() if s > 1 and key in r and EVAL_KEY not in r]
+
+    plain, idle = phase("perf/step_time"), phase("perf/trainer_idle_time")
     evals = sorted((s, r[EVAL_KEY]) for s, r in steps.items() if EVAL_KEY in r)
     elapsed, to_04 = 0.0, float("nan")
     for s in sorted(steps):
@@ -62,6 +65,8 @@ def summarize(path: Path) -> dict[str, float]:
     return {
         "median_step_s": statistics.median(plain),
         "median_trainer_idle_s": statistics.median(idle) if idle else float("nan"),
+        # The phases, each measured where it runs: overlapped, they run at once and compete for the cores.
+        **{f"median_{k}_s": statistics.median(v) if (v := phase(f"perf/{k}_time")) else float("nan") for k in PHASES},
         "eval_before": evals[0][1],
         "eval_after": evals[-1][1],
         "gain": evals[-1][1] - evals[0][1],
@@ -125,6 +130,9 @@ def main() -> int:
         rows.append({"what": f"{label}: median step time / synchronous", "value": ratio, "unit": "x", "goal": "<= 0.6", "met": ratio <= 0.6})
         rows.append({"what": f"{label}: held-out gain", "value": r["gain"], "unit": "accuracy", "goal": ">= 0.2", "met": r["gain"] >= 0.2})
         rows.append({"what": f"{label}: seconds to held-out 0.4", "value": r["seconds_to_0.4"], "unit": "s", "goal": None, "met": None})
+    print(f"\n{'phases (median s)':24} {'generate':>9} {'train':>9} {'sync':>9}   (overlapped, generate and train run at once)")
+    for m, r in results.items():
+        print(f"{MODES[m][0]:24} " + " ".join(f"{r[f'median_{k}_s']:>9.3f}" for k in PHASES))
     for row in rows:
         if row["goal"]:
             print(f"{row['what']}: {row['value']:.3f} (goal {row['goal']}: {'met' if row['met'] else 'NOT met'})")
