@@ -1,18 +1,19 @@
-"""One-step overlap (--train-async), with and without TIS, against the synchronous loop, in one pass.
+"""One-step overlap (--train-async) with each off-policy correction, against the synchronous loop, in one pass.
 
 Runs `miles full-train` (the tiny-qwen3 recipe) three times in one invocation, one after the other, with
 the same prepared model and data (later runs reuse what the first one's prepare steps made), the same
 seeds and the same rollouts: synchronous (`--no-colocate`, so every run places the engine beside the
-trainer), `--train-async --no-colocate`, and `--train-async --use-tis --no-colocate` (the trainer's
-log-probs over the engine's, truncated at --tis-clip, weight each token's loss: the correction for the
-one update the data lags). Per run: median `perf/step_time` over steps without eval or save, the
+trainer), `--train-async --use-rollout-logprobs --no-colocate` (the engine's log-probs are the PPO
+ratio's denominator, so the clip bounds each step against the weights that generated the data) and
+`--train-async --use-tis --no-colocate` (the trainer's log-probs over the engine's, truncated at
+--tis-clip, weight each token's loss). --train-async refuses to run without one of the two. Per run: median `perf/step_time` over steps without eval or save, the
 held-out gain (last greedy eval minus the step-0 eval), the wall time from the first step to the first
 eval at or above 0.4, and the load average around it (a shared machine moves every number, so only the
 ratios of one pass are comparable).
 
     python bench/async_overlap.py                              # 500 rollouts each (the recipe's)
     python bench/async_overlap.py --num-rollout 300 --json out.json
-    python bench/async_overlap.py --modes sync,train_async     # a subset
+    python bench/async_overlap.py --modes sync,train_async_rlp # a subset
 
 The ratio rows (overlapped / synchronous median step time) have issue 24's goal, <= 0.6.
 """
@@ -31,9 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_KEY = "eval/arith/accuracy"
+PHASES = ("rollout", "train", "weight_sync")  # perf/<phase>_time
 MODES = {  # name -> (label, flags added to the common ones)
     "sync": ("synchronous", ""),
-    "train_async": ("--train-async", "--train-async"),
+    "train_async_rlp": ("--train-async --use-rollout-logprobs", "--train-async --use-rollout-logprobs"),
     "train_async_tis": ("--train-async --use-tis", "--train-async --use-tis"),
 }
 
@@ -47,10 +49,12 @@ def _merged(path: Path) -> dict[int, dict]:
     return steps
 
 
-def summarize(path: Path) -> dict[str, float]:
+def summarize(path: Path) -> dict:
     steps = _merged(path)
-    plain = [r["perf/step_time"] for s, r in steps.items() if s > 1 and "perf/step_time" in r and EVAL_KEY not in r]
-    idle = [r["perf/trainer_idle_time"] for s, r in steps.items() if s > 1 and "perf/trainer_idle_time" in r and EVAL_KEY not in r]
+    def phase(key: str) -> list[float]:  # over steps without eval (whose step time holds the eval) and after the first
+        return [r[key] for s, r in steps.items() if s > 1 and key in r and EVAL_KEY not in r]
+
+    plain, idle = phase("perf/step_time"), phase("perf/trainer_idle_time")
     evals = sorted((s, r[EVAL_KEY]) for s, r in steps.items() if EVAL_KEY in r)
     elapsed, to_04 = 0.0, float("nan")
     for s in sorted(steps):
@@ -62,12 +66,15 @@ def summarize(path: Path) -> dict[str, float]:
     return {
         "median_step_s": statistics.median(plain),
         "median_trainer_idle_s": statistics.median(idle) if idle else float("nan"),
+        # The phases, each measured where it runs: overlapped, they run at once and compete for the cores.
+        **{f"median_{k}_s": statistics.median(v) if (v := phase(f"perf/{k}_time")) else float("nan") for k in PHASES},
         "eval_before": evals[0][1],
         "eval_after": evals[-1][1],
         "gain": evals[-1][1] - evals[0][1],
         "seconds_to_0.4": to_04,
         "staleness_mean": statistics.mean(stale) if stale else 0.0,
         "steps": float(len(plain)),
+        "evals": {str(s): v for s, v in evals},  # the held-out curve (step -> accuracy), for the record
     }
 
 
@@ -109,12 +116,12 @@ def main() -> int:
         for m in ["sync", *(m for m in modes if m != "sync")]:
             results[m] = run(m, work, f"{MODES[m][1]} {base}".strip(), a.timeout_s)
     sync = results["sync"]
-    print(f"{'':24} {'median step s':>13} {'ratio':>6} {'trainer idle s':>14} {'eval 0 -> last':>15} {'gain':>6} {'s to 0.4':>9} {'staleness':>9} {'wall s':>7} {'load':>11}")
+    print(f"{'':38} {'median step s':>13} {'ratio':>6} {'trainer idle s':>14} {'eval 0 -> last':>15} {'gain':>6} {'s to 0.4':>9} {'staleness':>9} {'wall s':>7} {'load':>11}")
     rows = []
     for m, r in results.items():
         ratio = r["median_step_s"] / sync["median_step_s"]
         print(
-            f"{MODES[m][0]:24} {r['median_step_s']:>13.3f} {ratio:>6.2f} {r['median_trainer_idle_s']:>14.3f} {r['eval_before']:>6.3f} -> {r['eval_after']:.3f} "
+            f"{MODES[m][0]:38} {r['median_step_s']:>13.3f} {ratio:>6.2f} {r['median_trainer_idle_s']:>14.3f} {r['eval_before']:>6.3f} -> {r['eval_after']:.3f} "
             f"{r['gain']:>+6.3f} {r['seconds_to_0.4']:>9.1f} {r['staleness_mean']:>9.2f} {r['wall_s']:>7.0f} {r['load_start']:>5.1f}-{r['load_end']:<5.1f}"
         )
         if m == "sync":
@@ -125,6 +132,9 @@ def main() -> int:
         rows.append({"what": f"{label}: median step time / synchronous", "value": ratio, "unit": "x", "goal": "<= 0.6", "met": ratio <= 0.6})
         rows.append({"what": f"{label}: held-out gain", "value": r["gain"], "unit": "accuracy", "goal": ">= 0.2", "met": r["gain"] >= 0.2})
         rows.append({"what": f"{label}: seconds to held-out 0.4", "value": r["seconds_to_0.4"], "unit": "s", "goal": None, "met": None})
+    print(f"\n{'phases (median s)':38} {'generate':>9} {'train':>9} {'sync':>9}   (overlapped, generate and train run at once)")
+    for m, r in results.items():
+        print(f"{MODES[m][0]:38} " + " ".join(f"{r[f'median_{k}_s']:>9.3f}" for k in PHASES))
     for row in rows:
         if row["goal"]:
             print(f"{row['what']}: {row['value']:.3f} (goal {row['goal']}: {'met' if row['met'] else 'NOT met'})")

@@ -48,7 +48,21 @@ def memory_plan(inv):
         size = ModelSize.from_hf_config(config)
     except (KeyError, TypeError, ValueError) as e:  # a config.json of another shape: no plan, not a crash
         return None, f"{where} has no {e} the parameter count needs"
-    return plan_memory(inv.config, size, hardware(inv)), None
+    return plan_memory(inv.config, size, hardware(inv), teacher=_teacher_size(inv)), None
+
+
+def _teacher_size(inv):
+    """The --opd-type megatron teacher's size from `<--opd-teacher-load>/config.json` (None: not readable)."""
+    from miles.config.model_size import ModelSize, read_config
+
+    o = inv.config.opd
+    if not (o.use_opd and o.opd_type == "megatron" and o.opd_teacher_load):
+        return None
+    config = read_config(o.opd_teacher_load)
+    try:
+        return ModelSize.from_hf_config(config) if config is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def trainer_gaps(inv) -> list[tuple[str, str]]:
@@ -77,6 +91,16 @@ def check_can_train(inv) -> None:
     from miles.ckpt.convert.families import ARCHITECTURES
     from miles.config.trainer_support import check
 
+    from miles.config.megatron_checks import check_moe_layout
+    from miles.config.model_size import ModelSize
+
     config = model_config(inv) or {}
     check(inv.config, gpu=on_gpu(inv), architecture=(config.get("architectures") or [None])[0], families=ARCHITECTURES)
+    if config:
+        try:
+            experts = ModelSize.from_hf_config(config).num_experts
+        except (KeyError, TypeError, ValueError):
+            experts = 0
+        cuda = True if on_gpu(inv) else (False if inv.config.cluster.device == "cpu" else None)  # None: auto, no GPU named
+        check_moe_layout(inv.config, num_experts=experts, cuda=cuda)
     check_memory(inv)

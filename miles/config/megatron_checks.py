@@ -28,6 +28,13 @@ def check_layout(cfg, world_size: int) -> None:
             f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
             f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
             "change the sizes or the worker count.", option="--tensor-model-parallel-size")
+    # megatron-core lays the expert layers out as expert-TP x EP x PP over the same ranks.
+    expert_parallel = t.expert_tensor_parallel_size * t.expert_model_parallel_size * t.pipeline_model_parallel_size
+    if world_size % expert_parallel:
+        raise UserError(
+            f"--expert-tensor-parallel-size x --expert-model-parallel-size x --pipeline-model-parallel-size = {expert_parallel} "
+            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
+            "change the sizes or the worker count.", option="--expert-model-parallel-size")
     if t.sequence_parallel and t.tensor_model_parallel_size == 1:
         raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
                         option="--sequence-parallel")
@@ -67,3 +74,21 @@ def check_hardware(cfg, *, cuda: bool) -> None:
     if t.context_parallel_size > 1:
         raise UserError("--context-parallel-size > 1 needs TransformerEngine attention on a GPU; use 1 on CPU.",
                         option="--context-parallel-size")
+
+
+def check_moe_layout(cfg, *, num_experts: int, cuda: bool | None) -> None:
+    """megatron-core 0.16.1 refuses to train MoE layers under TP without sequence parallelism (its MoE
+    layer raises in the first training forward); sequence parallelism in turn needs TE/Apex norms, which
+    a CPU has not (`check_hardware`). `cuda` None: not known yet (the message then names both fixes)."""
+    t = cfg.train
+    if t.train_backend != "megatron" or not num_experts or t.tensor_model_parallel_size == 1 or t.sequence_parallel:
+        return
+    tp = t.tensor_model_parallel_size
+    fix = {False: "on a CPU, where sequence parallelism cannot run, use --tensor-model-parallel-size 1 and split the "
+                  "experts with --expert-model-parallel-size",
+           True: "add --sequence-parallel (with --transformer-impl transformer_engine or Apex)",
+           None: "add --sequence-parallel on a GPU, or on a CPU use --tensor-model-parallel-size 1 and split the experts "
+                 "with --expert-model-parallel-size"}[cuda]
+    raise UserError(
+        f"--tensor-model-parallel-size {tp} on a MoE model needs --sequence-parallel (megatron-core refuses to train "
+        f"MoE layers under tensor parallelism without it): {fix}.", option="--tensor-model-parallel-size")

@@ -101,6 +101,7 @@ ROWS = [
     ("train-async-colocate", "train", ["--dry-run"], ["--train-async", "--colocate"], 2, "--train-async generates while the trainer trains"),
     ("fully-async-colocate", "train", ["--dry-run"], ["--fully-async", "--use-tis", "--colocate"], 2, "--fully-async generates while the trainer trains"),
     ("fully-async-needs-correction", "train", ["--dry-run"], ["--fully-async", "--no-colocate"], 2, "needs an off-policy correction; add --use-tis"),
+    ("train-async-needs-correction", "train", ["--dry-run"], ["--train-async", "--no-colocate"], 2, "--train-async trains on samples from older weights"),
     ("fully-async-partial", "train", ["--dry-run"], ["--fully-async", "--use-tis", "--no-colocate", "--partial-rollout"], 2, "drop --partial-rollout"),
     ("two-async-modes", "train", ["--dry-run"], ["--train-async", "--fully-async", "--use-tis", "--no-colocate"], 2, "two driver modes"),
     ("staleness-without-fully-async", "train", ["--dry-run"], ["--max-weight-staleness", "1"], 2, "--max-weight-staleness bounds the buffer of --fully-async"),

@@ -30,7 +30,7 @@ MILES = [sys.executable, "-m", "miles_cli.main"]
 ROLLOUTS = 6
 RUN_TIMEOUT_S = 1200  # one run is ~1-2 minutes on 2 idle cores; the machine that runs these may be loaded
 MODES = {
-    "train_async": "--train-async",
+    "train_async": "--train-async --use-rollout-logprobs",
     "fully_async": "--fully-async --use-tis --max-weight-staleness 1",
 }
 

@@ -27,7 +27,7 @@ def _kill_after(run_dir, rollout_id: int) -> None:
     (ckpt / "latest_checkpointed_iteration.txt").write_text(f"{rollout_id}\n")
 
 
-@pytest.mark.parametrize("mode", [{"train_async": True}, {"fully_async": True, "use_tis": True, "max_weight_staleness": 1}], ids=["train_async", "fully_async"])
+@pytest.mark.parametrize("mode", [{"train_async": True, "use_rollout_logprobs": True}, {"fully_async": True, "use_tis": True, "max_weight_staleness": 1}], ids=["train_async", "fully_async"])
 def test_resume_during_async_training_neither_loses_nor_repeats_a_prompt(mode, files, tmp_path, ray_session):  # noqa: F811
     run_dir = tmp_path / "run"
     values = dict(colocate=False, num_rollout=4, save_interval=2, save_debug_rollout_data=str(run_dir / "rollouts" / "{rollout_id}.jsonl"), **mode)
