@@ -21,10 +21,11 @@ a busy machine), reported too. Settings that cannot be made identical are listed
 
 Each side runs as its own process, launched from here: miles as `miles full-train` (its prepare steps
 are already complete, so it goes straight to Ray start-up and GRPO), TRL as this file with `--trl-child`.
-Reported per side: median step time (between consecutive step ends; steps with an eval excluded), generated tokens/s during
-generation, peak RSS of the whole process tree (Ray's processes included for miles), start to the end
+Reported per side: median step time (between consecutive step ends; steps with an eval excluded), generated tokens/s
+(miles: over the whole rollout, the rollout manager's work included; TRL: inside `model.generate`), peak RSS of the whole process tree (Ray's processes included for miles), start to the end
 of the first RL step (eval excluded), and the held-out greedy accuracy against wall time since launch.
-The ratios come last (> 1 means miles is better). `--json PATH` also writes them for bench/run_all.py.
+After both sides, the built-in engine and `generate` are timed on the rollout's own batch in this
+process, generation alone (`engine_vs_generate`): the like-for-like generation row. The ratios come last (> 1 means miles is better). `--json PATH` also writes them for bench/run_all.py.
 """
 
 from __future__ import annotations
@@ -148,6 +149,61 @@ def run_miles(work: Path, a: argparse.Namespace) -> Side:
     return side
 
 
+def engine_vs_generate(engine: dict, repeats: int, seed: int) -> tuple[float, float]:
+    """Generated tokens/s of the built-in engine and of Hugging Face `generate` on the run's own rollout
+    batch, in this process, interleaved: the SFT warm start, `rollout_batch_size` train prompts x
+    `n_samples_per_prompt` samples, the rollout temperature, at most `rollout_max_response_len` tokens,
+    stopping at eos. The loop's "generated tokens/s" rows do not compare generation with generation:
+    miles' `perf/rollout_tokens_per_s` divides by the whole rollout (the rollout manager's per-sample
+    work, rewards and train data included), TRL's side by the time inside `model.generate`. Here both
+    are timed around generation alone (ours: `engine.generate`, its requests built beforehand; theirs:
+    tokenizing the left-padded batch and `generate`), tokens counted up to and including the first eos.
+    Returns the medians (ours, generate) after two warm-ups; one torch thread, as the loop's actors."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from miles.rollout.engine.base import GenerateRequest, SamplingParams
+    from miles.rollout.engine.builtin import BuiltinEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hf, n_prompts, n_samples = engine["hf_checkpoint"], engine["rollout_batch_size"], engine["n_samples_per_prompt"]
+        temperature, max_new = engine["rollout_temperature"], engine["rollout_max_response_len"]
+        tok = AutoTokenizer.from_pretrained(hf)
+        rows = [json.loads(x) for x in Path(engine["prompt_data"]).read_text().splitlines() if x.strip()]
+        ours_engine = BuiltinEngine(hf, max_batch_size=n_prompts * n_samples, seed=seed)
+        model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+        rng = random.Random(seed)
+        ours, theirs = [], []
+        for i in range(repeats + 2):
+            prompts = [r["input"] for r in rng.sample(rows, n_prompts)]
+            reqs = [GenerateRequest(tok(p, add_special_tokens=False)["input_ids"],
+                                    SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=i * 100_000 + k), True)
+                    for p in prompts for k in range(n_samples)]
+            t = time.perf_counter()
+            n_ours = sum(len(r.output_ids) for r in ours_engine.generate(reqs))
+            t_ours = time.perf_counter() - t
+            t = time.perf_counter()
+            batch = tok([p for p in prompts for _ in range(n_samples)], return_tensors="pt", padding=True,
+                        padding_side="left", add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**batch, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            t_theirs = time.perf_counter() - t
+            new = out[:, batch["input_ids"].shape[1]:]
+            is_eos = new == tok.eos_token_id
+            first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full((new.shape[0],), new.shape[1]))
+            if i >= 2:
+                ours.append(n_ours / t_ours)
+                theirs.append(int(first.sum()) / t_theirs)
+        return statistics.median(ours), statistics.median(theirs)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def trl_side_name(threads: str) -> str:
     return "TRL" if threads == "default" else f"TRL {threads} thread" + ("s" if threads != "1" else "")
 
@@ -261,7 +317,7 @@ def trl_child(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(record))
 
 
-def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
+def summary(sides: list[Side], a: argparse.Namespace, engine_rates: tuple[float, float] | None = None) -> list[dict]:
     """Print the sides' table; return the ratio rows, miles against each TRL side (the first TRL side,
     its default threads, gives the rows' plain names: the goals are set against TRL's strongest setting)."""
     med = {s.name: statistics.median(s.step_s) if s.step_s else float("nan") for s in sides}
@@ -269,7 +325,8 @@ def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
     width = 16
     print(f"\n{'':34}" + "".join(f"{s.name:>{width}}" for s in sides))
     print(f"{'median step time (s)':34}" + "".join(f"{med[s.name]:{width}.3f}" for s in sides))
-    print(f"{'generated tokens/s (median)':34}" + "".join(f"{gen[s.name]:{width}.0f}" for s in sides))
+    print(f"{'generated tokens/s (median)':34}" + "".join(f"{gen[s.name]:{width}.0f}" for s in sides)
+          + "   (miles: over the whole rollout; TRL: inside generate)")
     print(f"{'peak RSS, process tree (GB)':34}" + "".join(f"{s.peak_rss / 1e9:{width}.2f}" for s in sides))
     print(f"{'start to first RL step (s)':34}" + "".join(f"{s.first_step_s:{width}.1f}" for s in sides))
     print(f"{'wall time, whole run (s)':34}" + "".join(f"{s.wall_s:{width}.1f}" for s in sides))
@@ -293,10 +350,16 @@ def summary(sides: list[Side], a: argparse.Namespace) -> list[dict]:
              "goal": "<= 0.5" if goal else "", "met": None if wall_ratio is None or not goal else wall_ratio <= 0.5},
             {"what": f"start to first RL step vs TRL{vs}", "value": m.first_step_s / t.first_step_s, "unit": "x TRL",
              "goal": "<= 1" if goal else "", "met": m.first_step_s <= t.first_step_s if goal else None},
-            {"what": f"generated tokens/s vs TRL{vs}", "value": gen["miles"] / gen[t.name], "unit": "x TRL", "goal": "", "met": None},
+            {"what": f"rollout tokens/s vs TRL's generate{vs} (miles: whole rollout)", "value": gen["miles"] / gen[t.name], "unit": "x TRL", "goal": "", "met": None},
             {"what": f"peak RSS vs TRL{vs}", "value": m.peak_rss / t.peak_rss, "unit": "x TRL", "goal": "<= 2" if goal else "",
              "met": m.peak_rss <= 2 * t.peak_rss if goal else None},
         ]
+    if engine_rates is not None:
+        ours, theirs = engine_rates
+        print(f"generation alone, the rollout's batch in one process: built-in engine {ours:.0f} tokens/s, "
+              f"Hugging Face generate {theirs:.0f} tokens/s")
+        rows.append({"what": "built-in engine vs HF generate, the rollout's batch, generation alone", "value": ours / theirs,
+                     "unit": "x generate", "goal": ">= 1", "met": ours >= theirs})
     print("\nratios (miles / TRL):")
     for r in rows:
         v = "n/a (target not reached by both)" if r["value"] is None else f"{r['value']:.2f}x"
@@ -362,9 +425,11 @@ def main() -> int:
                     sides = [f.result() for f in futures]
             else:
                 sides = [run_miles(work, a)] + [run_trl(work, engine, a, t) for t in threads]
+            # After both sides, alone on the machine (never while a side runs: it would take their cores).
+            engine_rates = engine_vs_generate(engine, repeats=3 if a.tiny else 20, seed=seed)
         if len(a.seeds) > 1:
             print(f"\n--- seed {seed}")
-        rows = summary(sides, a)
+        rows = summary(sides, a, engine_rates)
         for s in sides:
             finals.setdefault(s.name, []).append(final_accuracy(s))
         all_rows += [{**r, "seed": seed} for r in rows] if len(a.seeds) > 1 else rows

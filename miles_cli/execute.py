@@ -122,7 +122,7 @@ def _print_outcome(result) -> None:
         before = result.first_eval.get(key)
         after = result.last_eval[key]
         if before is not None:
-            console.print(f"{key}: {before:.3f} before RL → {after:.3f} after ({after - before:+.3f})")
+            console.print(f"{key}: {before:.3f} before training → {after:.3f} after ({after - before:+.3f})")
         else:
             console.print(f"{key}: {after:.3f}")
     written = [name for name in ("metrics.jsonl", "checkpoints", "mlflow.db", "tensorboard") if (result.run_dir / name).exists()]

@@ -48,7 +48,21 @@ def memory_plan(inv):
         size = ModelSize.from_hf_config(config)
     except (KeyError, TypeError, ValueError) as e:  # a config.json of another shape: no plan, not a crash
         return None, f"{where} has no {e} the parameter count needs"
-    return plan_memory(inv.config, size, hardware(inv)), None
+    return plan_memory(inv.config, size, hardware(inv), teacher=_teacher_size(inv)), None
+
+
+def _teacher_size(inv):
+    """The --opd-type megatron teacher's size from `<--opd-teacher-load>/config.json` (None: not readable)."""
+    from miles.config.model_size import ModelSize, read_config
+
+    o = inv.config.opd
+    if not (o.use_opd and o.opd_type == "megatron" and o.opd_teacher_load):
+        return None
+    config = read_config(o.opd_teacher_load)
+    try:
+        return ModelSize.from_hf_config(config) if config is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def trainer_gaps(inv) -> list[tuple[str, str]]:

@@ -7,17 +7,19 @@ transformers 5 fuses the experts in memory while engines load them under checkpo
 (miles/utils/hf_experts.py), and `--check-weight-update-equal` (on in this recipe at every mode)
 proves after every sync that the engine holds exactly the trained experts.
 
-On `--train-backend megatron` the recipe splits the experts over two ranks (EP=2; give it
-`--num-gpus-per-node 2`), which the megatron backend does not run yet (miles/config/trainer_support.py):
-train refuses it with exit 2.
+On `--train-backend megatron` the recipe splits the experts over two data-parallel ranks (EP=2, two
+worker processes on a CPU): each rank holds two experts and megatron-core's all-to-all dispatcher sends
+every token to the rank of each expert it routes to; the weights the engine gets are gathered back into
+all four experts per layer, which `--check-weight-update-equal` checks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from miles.config.fields import Derived, option
 from recipes import tiny_qwen3
-from recipes.base import RecipePlan, recipe_default
+from recipes.base import RecipeOptions, RecipePlan, recipe_default
 
 NAME = "tiny-qwen3-moe"
 SUMMARY = "2-layer Qwen3-MoE (4 experts, top 2, ~225k params) on two-digit addition; runs on a CPU."
@@ -29,6 +31,12 @@ MODEL = {"hidden_size": 64, "num_layers": 2, "num_experts": 4, "experts_per_toke
 @dataclass
 class Options(tiny_qwen3.Options):
     model_name: str = recipe_default("model_name", NAME)
+    num_gpus_per_node: int | None = option(
+        help=RecipeOptions.__dataclass_fields__["num_gpus_per_node"].metadata["help"],
+        derived=Derived("2 with --train-backend megatron (one rank per half of the experts), else 1",
+                        lambda o: 2 if o.train_backend == "megatron" else 1),
+        engine="actor_num_gpus_per_node",
+    )
 
 
 def plan(o: Options) -> RecipePlan:

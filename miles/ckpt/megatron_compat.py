@@ -303,3 +303,31 @@ def ensure_moe_router_without_te() -> None:
         from megatron.core.transformer.moe import moe_utils
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def _alltoall_dtoh_on_cpu(self, point: str, tokens_per_expert=None):
+    # The CPU body of MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize: the routing counts are
+    # host tensors already, so no copy stream and no event; the splits become numpy arrays at the same
+    # point, as the CUDA body leaves them (all_to_all_single takes them as split sizes).
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if value is not None and hasattr(value, "numpy"):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
+def ensure_alltoall_dispatcher_without_cuda() -> None:
+    """megatron-core 0.16.1's all-to-all MoE token dispatcher (the one that takes a different token count
+    on each expert-parallel rank; the all-gather dispatcher needs the same count everywhere) creates a
+    `torch.cuda.Stream` in its constructor and copies its routing counts device-to-host on it. On a
+    machine without CUDA the stream is replaced by a placeholder (never used) and the copy by
+    `_alltoall_dtoh_on_cpu`. Idempotent; nothing happens with CUDA."""
+    check_version()
+    if not needs_cpu_compat():
+        return
+    with quiet_megatron_import():
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+    if MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "no CUDA: host copies (miles.ckpt.megatron_compat)"
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _alltoall_dtoh_on_cpu

@@ -42,8 +42,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from miles.ckpt.durable import fsync_path
 from miles.ckpt.checkpoint_dir import (  # noqa: F401  (re-exported: the names callers know)
     EXTRA_FILE,
@@ -155,6 +153,8 @@ def save_checkpoint(
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
     tmp = begin_checkpoint(save_dir, rollout_id)
+    import torch  # here: the driver imports this module for the tracker protocol alone
+
     torch.save(trainer_state, tmp / STATE_FILE)
     return commit_checkpoint(save_dir, rollout_id, tmp, extra, keep_last=keep_last)
 
@@ -187,4 +187,6 @@ def load_latest_checkpoint(
             "which the trainer loads itself.",
             option=flag,
         )
+    import torch
+
     return rollout_id, torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True), extra

@@ -28,6 +28,13 @@ def check_layout(cfg, world_size: int) -> None:
             f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
             f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
             "change the sizes or the worker count.", option="--tensor-model-parallel-size")
+    # megatron-core lays the expert layers out as expert-TP x EP x PP over the same ranks.
+    expert_parallel = t.expert_tensor_parallel_size * t.expert_model_parallel_size * t.pipeline_model_parallel_size
+    if world_size % expert_parallel:
+        raise UserError(
+            f"--expert-tensor-parallel-size x --expert-model-parallel-size x --pipeline-model-parallel-size = {expert_parallel} "
+            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
+            "change the sizes or the worker count.", option="--expert-model-parallel-size")
     if t.sequence_parallel and t.tensor_model_parallel_size == 1:
         raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
                         option="--sequence-parallel")

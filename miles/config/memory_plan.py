@@ -22,7 +22,11 @@ engine GPU. Trainer side, in bytes:
   --use-dynamic-batch-size, else --micro-batch-size × the longest sample), over the layers of this
   stage, × the micro-batches a 1F1B pipeline keeps in flight (PP). --recompute-granularity full keeps
   only each recompute group's input plus one group's activations; selective drops the attention
-  probabilities. Plus the fp32 logits and their log-softmax over the full vocabulary.
+  probabilities. Plus the fp32 logits and their log-softmax over the full vocabulary (megatron: over
+  each TP rank's vocabulary slice).
+- beside the actor, with its layout (`_beside_the_actor`): the KL reference's and the
+  `--opd-type megatron` teacher's frozen parameters, and the PPO critic's whole trained state unless
+  --offload-train makes the two take turns.
 
 Engine side: SGLang takes --sglang-mem-fraction-static of the GPU for its weights (the checkpoint's
 dtype, split over --rollout-num-gpus-per-engine) and KV cache; the plan checks the weights fit and
@@ -141,33 +145,53 @@ def lora_parameters(cfg, m: ModelSize) -> int:
     return int(m.num_layers * attention + dense * sum(r * sum(shapes[n]) for n in mlp_names) + m.num_moe_layers * m.num_experts * expert)
 
 
-def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, int]:
-    t, o = cfg.train, cfg.optimizer
-    backend, bf16 = t.train_backend, t.bf16
-    # Parameters on the most loaded GPU (pipeline stage 0 holds the embedding; with PP=1 it holds the head too).
-    layers_here = math.ceil(m.num_layers / lay.pp)
-    share = layers_here / m.num_layers
+def _params_here(m: ModelSize, lay: _Layout, backend: str) -> tuple[float, float]:
+    """(dense, routed-expert) parameters on the most loaded GPU: pipeline stage 0 holds the embedding
+    (with PP=1 the head too); megatron splits the layers by TP and the experts by EP x ETP, fsdp both by
+    the world."""
+    share = math.ceil(m.num_layers / lay.pp) / m.num_layers
     embed = m.embedding + (m.output_head if lay.pp == 1 else 0) + m.final_norm
     dense = (m.layer_total * share + embed) / lay.tp
     experts = m.routed_expert_total * share / (lay.ep * lay.etp)
     if backend == "fsdp":
         dense, experts = dense / lay.world, experts / lay.world
-    n_params = dense + experts
-    # --bf16 on megatron: bf16 parameters, fp32 gradient buffers, the optimizer's fp32 main copy. On
-    # torch/fsdp the parameters stay fp32 and are themselves the master weights (autocast / FSDP2's
-    # policy make bf16 copies for the compute, counted below), gradients fp32, no extra master copy.
-    mixed = bf16 and backend == "megatron"
-    p_bytes = 2 if mixed else 4
-    g_bytes = 4
+    return dense, experts
+
+
+def _param_bytes(cfg) -> int:
+    """--bf16 on megatron: bf16 parameters (the optimizer keeps the fp32 main copy). On torch/fsdp the
+    parameters stay fp32 and are themselves the master weights (autocast / FSDP2's policy make bf16
+    copies for the compute, counted in `_compute_copies`)."""
+    return 2 if cfg.train.bf16 and cfg.train.train_backend == "megatron" else 4
+
+
+def _trained_state(cfg, dense: float, experts: float, lay: _Layout) -> tuple[float, int, int, int, int, float]:
+    """(parameters, bytes per parameter, bytes per gradient, Adam bytes per parameter, dense optimizer
+    shard, optimizer state bytes) of a trained model with `dense` + `experts` parameters on this GPU:
+    fp32 gradients (megatron reduces in fp32, FSDP2 reduce-scatters in fp32), Adam's two fp32 moments
+    plus megatron's fp32 main copy under --bf16, sharded over DP with --use-distributed-optimizer."""
+    t, o = cfg.train, cfg.optimizer
+    mixed = t.bf16 and t.train_backend == "megatron"
     shard_dense = shard_experts = 1
-    if backend == "megatron" and t.use_distributed_optimizer:
+    if t.train_backend == "megatron" and t.use_distributed_optimizer:
         shard_dense, shard_experts = lay.dp, lay.expert_dp
     opt_per_param = 8 + (4 if mixed else 0)
     optimizer = 0 if o.optimizer_cpu_offload else opt_per_param * (dense / shard_dense + experts / shard_experts)
+    return dense + experts, _param_bytes(cfg), 4, opt_per_param, shard_dense, optimizer
+
+
+def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str], teacher: ModelSize | None = None) -> dict[str, int]:
+    t, o = cfg.train, cfg.optimizer
+    backend, bf16 = t.train_backend, t.bf16
+    layers_here = math.ceil(m.num_layers / lay.pp)
+    share = layers_here / m.num_layers
+    dense, experts = _params_here(m, lay, backend)
+    n_params, p_bytes, g_bytes, opt_per_param, shard_dense, optimizer = _trained_state(cfg, dense, experts, lay)
+    mixed = p_bytes == 2
     details.append(
         f"parameters here: {n_params / 1e9:.2f}B of {m.total / 1e9:.2f}B ({m.active / 1e9:.2f}B active per token) × "
         f"{p_bytes} bytes{' (bf16)' if mixed else ' (fp32)'}; gradients × {g_bytes}; Adam × {opt_per_param}"
-        + (f" / DP {shard_dense}" + (f" (experts / {shard_experts})" if m.num_experts else "") if shard_dense > 1 else "")
+        + (f" / DP {shard_dense}" + (f" (experts / {lay.expert_dp})" if m.num_experts else "") if shard_dense > 1 else "")
         + (" kept on the host (--optimizer-cpu-offload)" if o.optimizer_cpu_offload else "")
     )
     if m.approximate:
@@ -204,11 +228,15 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, i
         how = "every layer's activations stored" + ("" if flash else " incl. attention probabilities (no flash kernel)")
     in_flight = lay.pp
     activations = tokens * stored * act_bytes * in_flight
-    logits = tokens * m.vocab_size * (4 + 4) if lay.pp == 1 else 0
+    # megatron keeps each TP rank's vocabulary slice of the logits (the softmax runs over the TP group).
+    vocab_here = m.vocab_size / (lay.tp if backend == "megatron" else 1)
+    logits = tokens * vocab_here * (4 + 4) if lay.pp == 1 else 0
     details.append(
         f"activations: {tokens} tokens per micro-batch ({tokens_text}); {how}"
         + (f"; × {in_flight} micro-batches in flight (PP {lay.pp})" if in_flight > 1 else "")
-        + (f"; logits and log-softmax in fp32 over the full vocabulary ({m.vocab_size})" if logits else "")
+        + ((f"; logits and log-softmax in fp32 over the full vocabulary ({m.vocab_size})" if lay.tp == 1
+            else f"; logits and log-softmax in fp32 over this TP rank's vocabulary slice ({m.vocab_size} / TP {lay.tp})")
+           if logits else "")
     )
     gradients = n_params * g_bytes
     if cfg.lora.enabled:  # the frozen base has no gradients or Adam state; the adapters do (fp32)
@@ -218,10 +246,47 @@ def _trainer(cfg, m: ModelSize, lay: _Layout, details: list[str]) -> dict[str, i
         details.append(f"LoRA: {adapters / 1e6:.2f}M adapter parameters train (rank {cfg.lora.lora_rank}); gradients and Adam for them only")
     out = {"parameters": int(n_params * p_bytes), "gradients": int(gradients), "optimizer state": int(optimizer)}
     out.update(_compute_copies(cfg, m, lay, details))
+    out.update(_beside_the_actor(cfg, m, lay, details, teacher))
     out["activations"] = int(activations)
     if logits:
         out["logits"] = int(logits)
     out["CUDA context"] = CUDA_CONTEXT
+    return out
+
+
+def _beside_the_actor(cfg, m: ModelSize, lay: _Layout, details: list[str], teacher: ModelSize | None) -> dict[str, int]:
+    """The other models on the actor's GPUs, each with the actor's layout (the trainers build them so):
+    - the KL reference (--use-kl-loss or --kl-coef != 0): frozen parameters only (with LoRA the
+      reference is the base with its adapters off: nothing extra);
+    - the OPD teacher (--use-opd --opd-type megatron): frozen parameters only, of the teacher's own
+      size (`teacher`, from its config.json; the student's when it is not readable);
+    - the PPO critic (--advantage-estimator ppo): a second trained model (the policy without its LM head,
+      plus a hidden -> 1 value head) with its own gradients, Adam state and compute copies. Without
+      --offload-train it stays on the device while the actor trains; with it, the two take turns (the
+      critic trains first, then goes to the host), and the critic, smaller than the actor, is not counted.
+    Their activations are never live at once with the actor's (each forward runs alone), so none are added."""
+    backend = cfg.train.train_backend
+    out = {}
+    a = cfg.algo
+    if (a.use_kl_loss or a.kl_coef != 0) and not cfg.lora.enabled:
+        out["reference model"] = int(sum(_params_here(m, lay, backend)) * _param_bytes(cfg))
+        details.append(f"reference model (KL): frozen parameters × {_param_bytes(cfg)} bytes with the actor's layout")
+    o = cfg.opd
+    if o.use_opd and o.opd_type == "megatron":
+        size = teacher or m
+        out["OPD teacher"] = int(sum(_params_here(size, lay, backend)) * _param_bytes(cfg))
+        details.append(f"OPD teacher: {size.total / 1e9:.2f}B frozen parameters × {_param_bytes(cfg)} bytes with the actor's layout"
+                       + ("" if teacher else " (its config.json unread: counted at the student's size)"))
+    if a.advantage_estimator == "ppo":
+        if cfg.cluster.offload_train:
+            details.append("PPO critic: takes turns with the actor on the device (--offload-train), not counted beside it")
+        else:
+            critic = dataclasses.replace(m, output_head=0, final_norm=m.final_norm + m.hidden_size + 1)  # value head by the norm
+            n, p_bytes, g_bytes, _, _, optimizer = _trained_state(cfg, *_params_here(critic, lay, backend), lay)
+            copies = _compute_copies(cfg, critic, lay, [])
+            out["PPO critic"] = int(n * p_bytes + n * g_bytes + optimizer + sum(copies.values()))
+            details.append("PPO critic: the policy without its LM head plus a value head, trained beside it (no --offload-train): "
+                           "parameters, gradients, Adam state" + (" and " + ", ".join(copies) if copies else ""))
     return out
 
 
@@ -286,12 +351,13 @@ def _engine(cfg, m: ModelSize, capacity: int | None, details: list[str], problem
     return out
 
 
-def plan_memory(cfg, size: ModelSize, hardware: str | None, *, suggest: bool = True) -> MemoryPlan:
+def plan_memory(cfg, size: ModelSize, hardware: str | None, *, suggest: bool = True, teacher: ModelSize | None = None) -> MemoryPlan:
+    """`teacher`: the --opd-type megatron teacher's size (None: counted as the student's)."""
     lay = _layout(cfg)
     capacity = HARDWARE_MEMORY.get(hardware or "")
     details: list[str] = []
     problems: list[str] = []
-    trainer = _trainer(cfg, size, lay, details)
+    trainer = _trainer(cfg, size, lay, details, teacher)
     engine = _engine(cfg, size, capacity, details, problems)
     c = cfg.cluster
     layout = (f"{cfg.train.train_backend}: TP{lay.tp} PP{lay.pp} CP{lay.cp} EP{lay.ep} ETP{lay.etp} DP{lay.dp}"
@@ -311,12 +377,13 @@ def plan_memory(cfg, size: ModelSize, hardware: str | None, *, suggest: bool = T
     if need > capacity:
         plan.problems.insert(0, f"{what} = {gib(need)} > {gib(capacity)}")
     if plan.problems and suggest:
-        plan.fixes = _fixes(cfg, size, hardware)
+        plan.fixes = _fixes(cfg, size, hardware, teacher)
     return plan
 
 
-def _variants(cfg):
-    """(description, changed config) candidates, each one change away from `cfg`."""
+def _variants(cfg, size: ModelSize):
+    """(description, changed config) candidates, each one change away from `cfg` (expert parallelism
+    only for a model with experts: the trainer refuses it on a dense one)."""
     t, c = cfg.train, cfg.cluster
     world = c.actor_num_nodes * c.actor_num_gpus_per_node
 
@@ -351,7 +418,7 @@ def _variants(cfg):
             mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
             if name != "expert_model_parallel_size" and world % (mp * 2):
                 continue
-            if name == "expert_model_parallel_size" and (world % doubled):
+            if name == "expert_model_parallel_size" and (world % doubled or not size.num_experts or size.num_experts % doubled):
                 continue
             out.append(with_(f"{flag} {doubled}", **{name: doubled}))
     if t.use_dynamic_batch_size and t.max_tokens_per_gpu and t.max_tokens_per_gpu > 1024:
@@ -359,14 +426,14 @@ def _variants(cfg):
     return out
 
 
-def _fixes(cfg, size: ModelSize, hardware: str | None) -> list[str]:
+def _fixes(cfg, size: ModelSize, hardware: str | None, teacher: ModelSize | None) -> list[str]:
     fixes = []
-    variants = _variants(cfg)
+    variants = _variants(cfg, size)
     for desc, variant in variants:
-        if plan_memory(variant, size, hardware, suggest=False).fits:
+        if plan_memory(variant, size, hardware, suggest=False, teacher=teacher).fits:
             fixes.append(desc)
     for bigger in ("H200", "B200", "GB200"):
-        if HARDWARE_MEMORY[bigger] > HARDWARE_MEMORY.get(hardware or "", 0) and plan_memory(cfg, size, bigger, suggest=False).fits:
+        if HARDWARE_MEMORY[bigger] > HARDWARE_MEMORY.get(hardware or "", 0) and plan_memory(cfg, size, bigger, suggest=False, teacher=teacher).fits:
             fixes.append(f"--hardware {bigger}")
             break
     if fixes:
@@ -374,11 +441,11 @@ def _fixes(cfg, size: ModelSize, hardware: str | None) -> list[str]:
     # No single change is enough: apply them one after another (each on top of the last) until one fits.
     current, applied = cfg, {}  # first flag of a change -> the change (a later doubling replaces an earlier one)
     for _ in range(8):
-        steps = [(d, v) for d, v in _variants(current) if d not in applied.values()]
+        steps = [(d, v) for d, v in _variants(current, size) if d not in applied.values()]
         if not steps:
             break
-        desc, current = min(steps, key=lambda dv: plan_memory(dv[1], size, hardware, suggest=False).trainer_total)
+        desc, current = min(steps, key=lambda dv: plan_memory(dv[1], size, hardware, suggest=False, teacher=teacher).trainer_total)
         applied[desc.split()[0]] = desc
-        if plan_memory(current, size, hardware, suggest=False).fits:
+        if plan_memory(current, size, hardware, suggest=False, teacher=teacher).fits:
             return [" ".join(applied.values()) + " together"]
     return ["no combination of " + ", ".join(d for d, _ in variants) + " is enough; add GPUs (--num-nodes)"]

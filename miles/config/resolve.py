@@ -315,7 +315,7 @@ def _check(cfg: EngineConfig, purpose: Purpose) -> None:
         "--over-sampling-batch-size must be at least --rollout-batch-size.",
         "--over-sampling-batch-size",
     )
-    r.check(d.rollout_batch_size)
+    r.check(d.rollout_batch_size, sft=cfg.algo.loss_type == "sft_loss")
     world = c.actor_num_nodes * c.actor_num_gpus_per_node
     _require(
         cfg.train.train_backend == "megatron" or d.global_batch_size % world == 0,

@@ -149,11 +149,13 @@ class RolloutConfig:
         help="Requests in flight per SGLang server (--rollout-backend sglang); the rollout manager holds the rest back in order.",
     )
 
-    def check(self, rollout_batch_size: int) -> None:
+    def check(self, rollout_batch_size: int, sft: bool = False) -> None:
         """Reject options the rollout function would silently ignore: it replaces the built-in rollout,
-        its over-sampling and its filter. Reject multi-turn and agentic options the generate function
-        in use would ignore."""
+        its over-sampling and its filter (so does `--loss-type sft_loss`'s rollout, which generates
+        nothing). Reject multi-turn and agentic options the generate function in use would ignore."""
         self._check_generate_options()
+        if sft and not self.rollout_function_path:
+            self._check_sft_options(rollout_batch_size)
         if not self.rollout_function_path:
             return
         if self.dynamic_sampling_filter_path:
@@ -165,6 +167,20 @@ class RolloutConfig:
         if self.over_sampling_batch_size != rollout_batch_size:
             raise UserError(
                 "--over-sampling-batch-size is not used with --rollout-function-path (the function draws its own prompts); drop it.",
+                option="--over-sampling-batch-size",
+            )
+
+    def _check_sft_options(self, rollout_batch_size: int) -> None:
+        if self.dynamic_sampling_filter_path:
+            raise UserError(
+                "--dynamic-sampling-filter-path filters generated groups, and --loss-type sft_loss trains on the data's "
+                "conversations without generating; drop the filter.",
+                option="--dynamic-sampling-filter-path",
+            )
+        if self.over_sampling_batch_size != rollout_batch_size:
+            raise UserError(
+                "--over-sampling-batch-size is not used with --loss-type sft_loss (each step takes --rollout-batch-size "
+                "conversations, nothing is dropped); drop it.",
                 option="--over-sampling-batch-size",
             )
 

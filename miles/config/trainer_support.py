@@ -19,9 +19,11 @@ from typing import Any, Callable
 from miles.errors import UserError
 
 _TE_PACKING = (
-    "packed sequences reach TransformerEngine without PackedSeqParams and its causal mask ignores the "
-    "block-diagonal mask, so packed samples would attend to each other"
+    "packed micro-batches reach TransformerEngine with PackedSeqParams (thd), which no GPU run has checked yet "
+    "(its causal mask ignores the block-diagonal mask, so without them packed samples attend to each other)"
 )
+_TE_LIFT = ("tests/backends/megatron/test_megatron_gpu.py::test_transformer_engine_packed_samples_attend_only_to_themselves "
+            "passing on a GPU (scripts/gpu_smoke.sh)")
 
 
 @dataclass(frozen=True)
@@ -41,21 +43,16 @@ GAPS: tuple[Gap, ...] = (
         "the megatron forward does not split the packed sequences over context-parallel ranks",
         "CP sharding of the packed stream with PackedSeqParams (TransformerEngine attention) and CP-aware log-probs",
         "> 1"),
-    Gap("expert_model_parallel_size", lambda v: v > 1, ("megatron",),
-        "no test has trained with experts split over ranks or synced them to an engine",
-        "tiny-qwen3-moe learning on megatron with EP=2 and --check-weight-update-equal passing", "> 1"),
     Gap("expert_tensor_parallel_size", lambda v: v > 1, ("megatron",),
-        "the megatron backend does not pass an expert tensor-parallel size to megatron-core",
-        "ParallelOptions/initialize_model_parallel taking it, with expert weight gathers over the expert-TP group", "> 1"),
+        "no test has trained with each expert's weights split over tensor-parallel ranks or synced them to an engine",
+        "a megatron test where --expert-tensor-parallel-size 2 trains like 1 and its weight buckets are the HF tensors", "> 1"),
     Gap("optimizer_cpu_offload", bool, ("megatron",),
         "the megatron backend builds megatron-core's optimizer without CPU offload",
         "OptimizerConfig(optimizer_cpu_offload=True, use_precision_aware_optimizer=True) with bf16"),
-    Gap("transformer_impl", lambda v: v == "transformer_engine", ("megatron",), _TE_PACKING,
-        "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "transformer_engine"),
-    Gap("attention_backend", lambda v: v in ("flash", "fused"), ("megatron",), _TE_PACKING,
-        "PackedSeqParams(qkv_format='thd') passed to TransformerEngine for packed micro-batches", "flash/fused"),
+    Gap("transformer_impl", lambda v: v == "transformer_engine", ("megatron",), _TE_PACKING, _TE_LIFT, "transformer_engine"),
+    Gap("attention_backend", lambda v: v in ("flash", "fused"), ("megatron",), _TE_PACKING, _TE_LIFT, "flash/fused"),
     Gap("fp8_format", lambda v: v is not None, ("megatron",), "FP8 needs TransformerEngine, and " + _TE_PACKING,
-        "TransformerEngine packing (above) and bf16 master weights", "set"),
+        "TransformerEngine packing (above) checked on a GPU, with bf16 master weights", "set"),
 )
 
 GPU_GAPS: dict[str, tuple[str, str]] = {}

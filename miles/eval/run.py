@@ -3,8 +3,8 @@
 The model is a Hugging Face directory, or a miles checkpoint directory (`--save` of a run, holding
 `latest_checkpointed_iteration.txt`) whose trainer weights are loaded into the engine on top of
 `--hf-checkpoint`'s architecture (a LoRA checkpoint's adapter is merged onto `--hf-checkpoint`, its
-base). It runs in-process on the built-in engine (no Ray: one engine, no
-trainer), prints the `eval/<dataset>/...` metrics as a table and writes them to
+base). It starts no trainer, only the engine --rollout-backend names (the built-in engine in this
+process, or engine servers behind the router), prints the `eval/<dataset>/...` metrics as a table and writes them to
 `<run dir>/eval/<label>.json` (written to a temporary name, then renamed).
 """
 

@@ -12,18 +12,24 @@
 
 Each class has an empty constructor and a `setup(...)` that builds the object (see miles/ray/hosting.py:
 an error while it starts reaches the driver as the original `UserError`).
+
+The driver imports this module to name the classes and must not import torch through it
+(tests/ray/test_driver_imports.py): the rollout manager's module is imported by its actor's `setup`,
+in the actor's own process, and `TrainWorker`'s module imports torch only inside its methods.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from miles.ray.hosting import freeze_startup_objects
-from miles.ray.rollout_manager import RolloutManager
 from miles.ray.train_group import TrainWorker
+
+if TYPE_CHECKING:  # imported in the actor's own process (setup): the driver defines these classes without torch
+    from miles.ray.rollout_manager import RolloutManager
 
 
 @ray.remote
@@ -47,6 +53,8 @@ class RolloutManagerActor:
         self.manager: RolloutManager | None = None
 
     def setup(self, cfg, **kwargs: Any) -> int:
+        from miles.ray.rollout_manager import RolloutManager
+
         self.manager = RolloutManager(cfg, **kwargs)
         freeze_startup_objects()  # engine, model, datasets: out of every later garbage collection
         return os.getpid()

@@ -46,6 +46,14 @@ def _quiet_default_token_auth_notice() -> None:
         log.addFilter(_DropDefaultTokenAuthNotice())
 
 
+# A private local node starts no idle Python workers ahead of demand. Ray pre-starts one per CPU for
+# the first driver, but every miles actor runs in the job's runtime environment (its env vars), so
+# none of them could host an actor: each idle worker was ~85 MB of RSS and a second of CPU at start
+# (docs/benchmarks.md, "Ray's idle workers"). Only for the node started here: a cluster's system
+# config is its own (and Ray refuses `_system_config` when connecting to one).
+LOCAL_NODE_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+
+
 @contextlib.contextmanager
 def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
     import ray
@@ -64,7 +72,7 @@ def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
             ray.init(address=cfg.cluster.ray_address, **kwargs)
         else:  # "local": a private node, even when another Ray on this machine left /tmp/ray/ray_current_cluster
             _quiet_default_token_auth_notice()
-            ray.init(address="local", num_cpus=num_cpus, **kwargs)
+            ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_NODE_SYSTEM_CONFIG, **kwargs)
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     try:
@@ -130,7 +138,7 @@ def start_cluster(cfg: EngineConfig, *, run_dir: Path, env: dict[str, str], stac
             stack.join()
         from miles.ray.actors import RolloutManagerActor, TrainWorkerActor
         from miles.ray.hosting import start_actor
-        from miles.ray.rollout_manager import pick_device
+        from miles.ray.device import pick_device
         from miles.ray.train_group import TrainGroup
 
         device = pick_device(cfg.cluster.device)

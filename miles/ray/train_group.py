@@ -26,8 +26,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
 from miles.config.engine import EngineConfig
 from miles.errors import UserError
 from miles.utils.net import free_port
@@ -72,6 +70,8 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, 
 
 class TrainWorker:
     def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1, role: str = "actor"):
+        import torch  # here, in the rank's process: the driver imports this module for TrainGroup
+
         torch.set_num_threads(threads)
         self.cfg = cfg
         self.rank, self.world_size, self.device, self.role = rank, world_size, device, role

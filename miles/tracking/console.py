@@ -68,7 +68,7 @@ _OPTIONAL = ("train ", "gen ", "len ")
 def format_step_summary(
     step: int, metrics: Mapping[str, float], *, num_steps: int | None = None, width: int | None = None
 ) -> str:
-    """One line: step, reward (± std), eval accuracy per dataset, response length, tokens/s, step time.
+    """One line: step, reward (± std; else the loss), eval accuracy per dataset, response length, tokens/s, step time.
 
     With `width`, the throughput and length fields are left out, in that order, until the line fits.
     """
@@ -78,6 +78,8 @@ def format_step_summary(
         if "rollout/reward_std" in metrics:
             reward += f" ± {metrics['rollout/reward_std']:.3f}"
         parts.append(reward)
+    elif "train/loss" in metrics:  # supervised steps (--loss-type sft_loss) have no reward
+        parts.append(f"loss {metrics['train/loss']:.3f}")
     for key in eval_headline_keys(metrics):
         segs = key.split("/")
         parts.append(f"eval {segs[1]} {metrics[key]:.3f}" if segs[2] == "accuracy" else f"eval {segs[1]} reward {metrics[key]:.3f}")

@@ -112,6 +112,8 @@ def test_vs_trl(tmp_path):
     assert sum('"eval/arith/accuracy"' in line for line in log) >= 2
     # TRL ran at its default threads (the goals' baseline) and at one thread (reported beside it).
     assert "RL loop steps/s vs TRL GRPOTrainer (TRL 1 thread)" in by
+    # Generation alone, the engine against `generate` on the rollout's batch: a like-for-like ratio.
+    assert by["built-in engine vs HF generate, the rollout's batch, generation alone"]["value"] > 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is not None, reason="checks the message shown when the bench extra is missing")

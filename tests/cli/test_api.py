@@ -55,7 +55,7 @@ def test_api_resolves_what_the_cli_resolves(command, argv, kwargs, tmp_path, mon
     recipe = kwargs.pop("recipe", None)
     inv = api.resolve(recipe, command, **kwargs)
     python = {flag: value for _, flag, value, _ in option_rows(inv, sglang_defaults=False)}  # as the table: SGLang options at their default left out
-    assert len(python) > 120
+    assert len(python) > (40 if command == "eval" else 120)  # an eval's table: only the options eval reads
     assert cli == python
 
 

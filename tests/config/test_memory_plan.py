@@ -112,7 +112,7 @@ def test_a_proposed_single_fix_really_fits():
     assert not p.fits and p.fixes
     from miles.config.memory_plan import _variants
 
-    variants = dict(_variants(c))
+    variants = dict(_variants(c, m))
     for fix in p.fixes:
         if fix in variants:
             assert plan_memory(variants[fix], m, hw, suggest=False).fits, fix
@@ -126,3 +126,68 @@ def test_engine_weights_must_fit_its_share():
     assert p.engine["weights"] == int(m.total * 2)  # one GPU holds the whole bf16 checkpoint
     assert any("exceed its share" in x for x in p.problems)
     assert p.trainer["CUDA context"] == CUDA_CONTEXT
+
+
+# The tiny Qwen3 by hand: attention 64·64 (q) + 2·64·32 (k, v) + 64·64 (o) + 64 (norm) + 2·16 (q/k norms)
+# = 12,384; MLP 3·64·256 + 64 = 49,216; 2 layers = 123,200; tied embedding 40·64 = 2,560; final norm 64.
+TINY_TOTAL = 125_824
+
+
+def test_the_kl_reference_adds_frozen_parameters_with_the_actors_layout():
+    m = ModelSize.from_hf_config(TINY)
+    assert m.total == TINY_TOTAL
+    assert "reference model" not in plan_memory(cfg(), m, None).trainer  # no KL term: no reference
+    ddp = plan_memory(cfg(use_kl_loss=True), m, None)
+    assert ddp.trainer["reference model"] == TINY_TOTAL * 4  # fp32, whole on every DDP rank
+    # megatron --bf16 TP2: half the parameters per rank in bf16
+    tp2 = plan_memory(cfg(use_kl_loss=True, train_backend="megatron", tensor_model_parallel_size=2, bf16=True), m, None)
+    assert tp2.trainer["reference model"] == TINY_TOTAL // 2 * 2
+    fsdp = plan_memory(cfg(use_kl_loss=True, train_backend="fsdp"), m, None)
+    assert fsdp.trainer["reference model"] == TINY_TOTAL // 8 * 4  # 1/8 of fp32 shards
+    # LoRA: the reference is the base with adapters off, no second copy
+    lora = plan_memory(cfg(use_kl_loss=True, lora_rank=8, target_modules="all-linear"), m, None)
+    assert "reference model" not in lora.trainer
+
+
+def test_the_opd_teacher_counts_at_its_own_size_or_the_students():
+    m = ModelSize.from_hf_config(TINY)
+    # a 4-layer teacher: 4 · 61,600 + 2,560 + 64 = 249,024 parameters
+    teacher = ModelSize.from_hf_config({**TINY, "num_hidden_layers": 4})
+    assert teacher.total == 249_024
+    opd = dict(use_opd=True, opd_type="megatron", opd_teacher_load="/teacher", train_backend="megatron",
+               tensor_model_parallel_size=2, bf16=True)
+    p = plan_memory(cfg(**opd), m, None, teacher=teacher)
+    assert p.trainer["OPD teacher"] == 249_024 // 2 * 2  # TP2, bf16
+    assert plan_memory(cfg(**opd), m, None).trainer["OPD teacher"] == TINY_TOTAL // 2 * 2  # unread: the student's size
+    torch_fp32 = plan_memory(cfg(use_opd=True, opd_type="megatron", opd_teacher_load="/teacher"), m, None, teacher=teacher)
+    assert torch_fp32.trainer["OPD teacher"] == 249_024 * 4
+    # the sglang teacher lives in an engine elsewhere: nothing on the trainer's GPU
+    remote = plan_memory(cfg(use_opd=True, opd_type="sglang", opd_teacher_urls=["http://t:1"]), m, None)
+    assert "OPD teacher" not in remote.trainer
+
+
+def test_the_ppo_critic_is_a_second_trained_model_unless_offload_makes_them_take_turns():
+    m = ModelSize.from_hf_config(TINY)
+    critic = TINY_TOTAL + 64 + 1  # the tied model's embedding stays, no LM head, a 64 -> 1 value head
+    one = plan_memory(cfg(advantage_estimator="ppo", actor_num_gpus_per_node=1, global_batch_size=8), m, None)
+    assert one.trainer["PPO critic"] == critic * (4 + 4 + 8)  # fp32 parameters, gradients, Adam's two moments
+    ddp = plan_memory(cfg(advantage_estimator="ppo"), m, None)
+    assert ddp.trainer["PPO critic"] == critic * (4 + 4 + 8 + 4)  # + DDP's fp32 gradient buckets
+    # an untied model: the critic drops the 2,560-parameter head
+    untied = ModelSize.from_hf_config({**TINY, "tie_word_embeddings": False})
+    assert untied.total == TINY_TOTAL + 2560
+    u = plan_memory(cfg(advantage_estimator="ppo", actor_num_gpus_per_node=1, global_batch_size=8), untied, None)
+    assert u.trainer["PPO critic"] == critic * 16
+    # megatron --bf16, distributed optimizer over DP 8: 2 + 4 bytes, (8 + 4) / 8 for Adam and the fp32 main copy
+    mg = plan_memory(cfg(advantage_estimator="ppo", train_backend="megatron", bf16=True, use_distributed_optimizer=True), m, None)
+    assert mg.trainer["PPO critic"] == int(critic * 2 + critic * 4 + critic * 12 / 8)
+    off = plan_memory(cfg(advantage_estimator="ppo", offload_train=True, colocate=True), m, None)
+    assert "PPO critic" not in off.trainer and any("takes turns" in d for d in off.details)
+
+
+def test_megatron_keeps_each_tp_ranks_vocabulary_slice_of_the_logits():
+    m = ModelSize.from_hf_config(TINY)
+    # 128 tokens (one sample of 28 + 100) x 40 columns / TP 2 x (fp32 logits + fp32 log-softmax)
+    tp2 = plan_memory(cfg(train_backend="megatron", tensor_model_parallel_size=2), m, None)
+    assert tp2.trainer["logits"] == 128 * 40 // 2 * 8
+    assert plan_memory(cfg(train_backend="megatron"), m, None).trainer["logits"] == 128 * 40 * 8

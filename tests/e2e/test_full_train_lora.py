@@ -10,15 +10,13 @@ is issue 26's bar: the default recipe with LoRA learns on CPU (held-out gain >= 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from tests.e2e.kill import sigkill_once_exists
 
 MILES = [sys.executable, "-m", "miles_cli.main"]
 LORA = ["--lora-rank", "8", "--target-modules", "all-linear"]
@@ -76,16 +74,7 @@ def test_lora_run_trains_the_adapter_only_and_a_killed_run_resumes_bit_identical
 
     args = ["full-train", *COMMON, "--save-interval", "1", *warm(warm_start, work, "killed")]
     ckpt = work / "runs" / "killed" / "checkpoints"
-    proc = subprocess.Popen(MILES + args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (ckpt / "iter_0000001").exists():
-            assert proc.poll() is None, "the run ended before its second checkpoint"
-            assert time.monotonic() < deadline, "no second checkpoint after 600 s"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    sigkill_once_exists(args, work, ckpt / "iter_0000001", timeout=600)
     r = run(args, work)
     resumed_from = int(r.stdout.split("Resumed from the checkpoint of rollout ")[1].split(".")[0])
     assert resumed_from >= 1

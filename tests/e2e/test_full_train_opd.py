@@ -8,8 +8,6 @@ Slow: three debug_minimal runs from the cached warm start (about 2 minutes each 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.test_full_train_ppo import MILES, dcp_state, latest, rows, run, warm
+from tests.e2e.test_full_train_ppo import dcp_state, latest, rows, run, warm
+from tests.e2e.kill import sigkill_once_exists
 
 
 @pytest.mark.slow
@@ -31,16 +30,7 @@ def test_opd_run_logs_the_reverse_kl_saves_no_teacher_and_resumes_bit_for_bit(tm
     run([*common, "--save-interval", "2", *warm(warm_start, tmp_path, "straight")], tmp_path)
     args = [*common, "--save-interval", "1", *warm(warm_start, tmp_path, "killed")]
     ckpt = tmp_path / "runs" / "killed" / "checkpoints"
-    proc = subprocess.Popen(MILES + args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (ckpt / "iter_0000001").exists():
-            assert proc.poll() is None, "the run ended before its second checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint after 600 s"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    sigkill_once_exists(args, tmp_path, ckpt / "iter_0000001", timeout=600)
     r = run(args, tmp_path)
     assert "Resumed from" in r.stdout
     a_dir, b_dir = latest(tmp_path / "runs" / "straight"), latest(tmp_path / "runs" / "killed")

@@ -9,15 +9,13 @@ on 2 cores under load); the learning tests are the default recipe's 500 rollouts
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from tests.e2e.kill import sigkill_once_exists
 
 MILES = [sys.executable, "-m", "miles_cli.main"]
 PPO = ["--advantage-estimator", "ppo"]
@@ -61,16 +59,7 @@ def test_ppo_sigkill_then_rerun_resumes_actor_and_critic_bit_for_bit(tmp_path, w
     run([*common, "--save-interval", "2", *warm(warm_start, tmp_path, "straight")], tmp_path)
     args = [*common, "--save-interval", "1", *warm(warm_start, tmp_path, "killed")]
     ckpt = tmp_path / "runs" / "killed" / "checkpoints"
-    proc = subprocess.Popen(MILES + args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (ckpt / "iter_0000001").exists():
-            assert proc.poll() is None, "the run ended before its second checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint after 600 s"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    sigkill_once_exists(args, tmp_path, ckpt / "iter_0000001", timeout=600)
     r = run(args, tmp_path)
     assert "Resumed from" in r.stdout
     a_dir, b_dir = latest(tmp_path / "runs" / "straight"), latest(tmp_path / "runs" / "killed")

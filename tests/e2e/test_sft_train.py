@@ -52,3 +52,6 @@ def test_sft_loss_trains_on_the_conversations_of_the_prompt_data(tmp_path: Path)
     metrics = [json.loads(line) for line in (tmp_path / "runs" / "sft" / "metrics.jsonl").read_text().splitlines()]
     losses = [m["train/loss"] for m in metrics if "train/loss" in m]
     assert len(losses) == 3 and losses[-1] < losses[0] - 0.1, losses
+    # nothing was generated or rewarded: no reward on record, the step line shows the loss
+    assert not any("rollout/raw_reward" in m or "perf/rollout_tokens_per_s" in m for m in metrics)
+    assert "step 3/3 · loss " in r.stdout and "reward 0.000" not in r.stdout, r.stdout[-2000:]

@@ -45,7 +45,7 @@ def test_a_gpu_layout_that_cannot_fit_exits_2_before_ray_starts(tmp_path, monkey
     from miles.ray import cluster
 
     cfg = config(actor_num_gpus_per_node=2, rollout_num_gpus=2, global_batch_size=8)
-    monkeypatch.setattr("miles.ray.rollout_manager.pick_device", lambda device: "cuda")
+    monkeypatch.setattr("miles.ray.device.pick_device", lambda device: "cuda")
     monkeypatch.setattr(cluster, "torch_device_count", lambda: 3)
     monkeypatch.setattr(cluster, "ray_session", _no_ray)
     with pytest.raises(UserError, match=r"^this run needs 4 GPUs .* but 3 are available"):

@@ -17,6 +17,7 @@ Run: `pytest tests/sglang_backend/test_model_recipes.py` (about a minute; no GPU
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -176,3 +177,21 @@ def test_a_completed_download_is_skipped(tmp_path, monkeypatch):
         Path(step.sentinel).write_text("done\n")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a download attempt would raise
     run_prepare_steps(steps)
+
+
+def test_the_memory_plan_counts_an_opd_teacher_at_the_size_its_config_json_says(tmp_path):
+    """qwen3-4b (TP2, bf16) distilling from a Qwen3-30B-A3B teacher (--opd-type megatron): the teacher's
+    30.5B frozen parameters, split like the actor's (dense / TP2, experts whole), in bf16 = 55.4 GiB
+    per GPU, which no longer fits an H100; expert parallelism is not offered for the dense student."""
+    from recipes.catalog.models import QWEN3_30B_A3B
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    r = dry_run(tmp_path, "full-train", "--model-name", "qwen3-4b", "--use-opd", "--opd-type", "megatron",
+                "--opd-teacher-load", str(teacher))
+    assert "trainer OPD teacher: 55.4 GiB" in r.stdout and "OPD teacher: 30.53B frozen parameters × 2 bytes" in r.stdout
+    assert "DOES NOT FIT" in r.stdout and "--expert-model-parallel-size" not in r.stdout.split("would fit with:")[-1]
+    unread = dry_run(tmp_path, "full-train", "--model-name", "qwen3-4b", "--use-opd", "--opd-type", "megatron",
+                     "--opd-teacher-load", str(tmp_path / "missing"))
+    assert "(its config.json unread: counted at the student's size)" in unread.stdout

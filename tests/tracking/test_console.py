@@ -65,3 +65,11 @@ def test_a_step_line_fits_an_80_column_console() -> None:
     out = io.StringIO()
     print_step_summary(300, metrics, num_steps=500, console=Console(file=out, width=80, color_system=None))
     assert out.getvalue().count("\n") == 1 and len(out.getvalue()) <= 81
+
+
+def test_a_step_without_a_reward_shows_its_loss():
+    """--loss-type sft_loss steps generate nothing and log no reward: the line shows the loss instead."""
+    line = format_step_summary(2, {"train/loss": 1.23456, "perf/step_time": 0.5}, num_steps=5)
+    assert line == "step 2/5 · loss 1.235 · 0.50 s"
+    rl = format_step_summary(2, {"rollout/raw_reward": 0.5, "train/loss": 1.2}, num_steps=5)
+    assert "loss" not in rl and "reward 0.500" in rl

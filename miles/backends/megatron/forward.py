@@ -11,12 +11,13 @@ the two layouts the torch backend uses too (`miles.backends.torch.forward.choose
 - "padded": `[B, L]` rows, each sample right-padded to the longest, positions 0..L-1 and one causal
   mask `[1, 1, L, L]` for every row (a real token never sees the padding after it).
 
-Both reproduce per-sample logits to float rounding (a GPU build with TE would pass `PackedSeqParams`
-instead). The sequence is padded at the end to a multiple of `pad_multiple` (the TP size, which
+Both reproduce per-sample logits to float rounding. With `--transformer-impl transformer_engine` (GPU)
+the trainer passes the packed layout with `StreamInputs.packed_seq_params()` (`thd`, the samples'
+`cu_seqlens`) and no mask instead: TE's attention takes the boundaries, not a mask. The sequence is padded at the end to a multiple of `pad_multiple` (the TP size, which
 sequence parallelism needs); in the packed layout with token 0 as one extra pseudo-sample that only
 attends to itself.
 
-Log-probs: the logits at position t predict token t + 1, so sample b's response tokens (the last r_b
+Log-probs (`response_log_probs`; under TP from each rank's vocabulary slice, vocab_parallel.py): the logits at position t predict token t + 1, so sample b's response tokens (the last r_b
 of its tokens) are scored by the logits at positions len_b - r_b - 1 .. len_b - 2 of its row (packed:
 at rows cu[b+1] - r_b - 1 .. cu[b+1] - 2 of the one stream).
 """
@@ -40,6 +41,19 @@ class StreamInputs:
     rows: torch.Tensor  # int64 [R]: position (in its sequence) of the logits scoring each response token
     targets: torch.Tensor  # int64 [R]: the response tokens
     seqs: torch.Tensor | None = None  # int64 [R]: the sequence of each response token (None: all in sequence 0)
+    cu_seqlens: torch.Tensor | None = None  # int32 [N + 1]: packed layout, sample boundaries (the padding segment too)
+
+    def packed_seq_params(self):
+        """megatron-core's `PackedSeqParams(qkv_format="thd")` for the packed layout: TransformerEngine's
+        attention then keeps every sample to itself (and restarts RoPE per sample) from the boundaries
+        alone, with no [T, T] mask."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        if self.cu_seqlens is None:
+            raise ValueError("PackedSeqParams need the packed layout")
+        longest = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def cheaper_layout(batch: PackedBatch, hidden_size: int) -> str:
@@ -70,9 +84,11 @@ def stream_inputs(batch: PackedBatch, *, pad_multiple: int = 1, layout: str = "p
     resp = batch.response_lengths.cpu()
     rows = torch.cat([torch.arange(int(e) - int(r) - 1, int(e) - 1) for e, r in zip(ends, resp)]) if len(resp) else torch.zeros(0, dtype=torch.long)
     device = batch.tokens.device
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     return StreamInputs(
         input_ids=tokens.unsqueeze(0), position_ids=positions.unsqueeze(0).to(device),
         attention_mask=mask[None, None].to(device), rows=rows.to(device), targets=tokens[rows + 1],
+        cu_seqlens=cu_seqlens.to(device),
     )
 
 
@@ -99,16 +115,27 @@ def _padded_inputs(batch: PackedBatch, pad_multiple: int) -> StreamInputs:
 
 
 def response_log_probs(logits: torch.Tensor, inputs: StreamInputs, *, vocab_size: int, temperature: float,
-                       with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [R] (and entropy [R]) of the response tokens from full-vocabulary logits [1, T, V_pad].
+                       with_entropy: bool, tp_group=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [R] (and entropy [R]) of the response tokens from logits [B', S, V_local].
 
-    The vocabulary padding columns are dropped before the softmax; logits are divided by the rollout
-    temperature (0, greedy, counts as 1), so trainer and engine score the same distribution.
+    `tp_group` None (TP=1): the logits hold the whole (padded) vocabulary. Otherwise they are this TP
+    rank's slice of it (TP rank r: columns r * V_local ..) and the softmax runs over the group
+    (vocab_parallel.py), so no rank builds a full-vocabulary tensor. The vocabulary padding columns are
+    dropped before the softmax; logits are divided by the rollout temperature (0, greedy, counts as 1),
+    so trainer and engine score the same distribution.
     """
     from miles.algo.entropy import entropy_from_logits
     from miles.backends.torch.forward import scale_logits_by_temperature
 
     seqs = 0 if inputs.seqs is None else inputs.seqs
+    if tp_group is not None:
+        import torch.distributed as dist
+
+        from miles.backends.megatron.vocab_parallel import vocab_parallel_log_probs
+
+        step = scale_logits_by_temperature(logits[seqs, inputs.rows].float(), temperature)
+        return vocab_parallel_log_probs(step, inputs.targets, vocab_start=dist.get_rank(tp_group) * logits.shape[-1],
+                                        vocab_size=vocab_size, group=tp_group, with_entropy=with_entropy)
     step = scale_logits_by_temperature(logits[seqs, inputs.rows, :vocab_size].float(), temperature)
     lp = step.gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(step, dim=-1)
     return lp, (entropy_from_logits(step) if with_entropy else None)

@@ -88,11 +88,16 @@ def transformer_config(shape: ModelShape, opts: ParallelOptions):
         pipeline_model_parallel_size=opts.pipeline_model_parallel_size,
         context_parallel_size=opts.context_parallel_size,
         expert_model_parallel_size=opts.expert_model_parallel_size,
+        expert_tensor_parallel_size=opts.expert_tensor_parallel_size,
         sequence_parallel=opts.sequence_parallel,
         # Packed micro-batches have different lengths: pipeline stages exchange shapes first.
         variable_seq_lengths=opts.pipeline_model_parallel_size > 1,
-        # megatron-core checks this even for dense models: allgather cannot take variable lengths.
-        moe_token_dispatcher_type="alltoall" if opts.pipeline_model_parallel_size > 1 else "allgather",
+        # The all-gather dispatcher gathers every EP rank's tokens into one tensor, so it needs the same
+        # token count on each, which packed micro-batches of different data-parallel shards do not have
+        # (gloo aborts on the size mismatch); all-to-all sends per-expert counts first. megatron-core
+        # also refuses all-gather with variable sequence lengths (PP), even for dense models.
+        moe_token_dispatcher_type=("alltoall" if opts.pipeline_model_parallel_size > 1 or opts.expert_model_parallel_size > 1
+                                   else "allgather"),
         **moe, **recompute, **extra,
     )
 
@@ -121,8 +126,9 @@ def build_model(shape: ModelShape, opts: ParallelOptions):
         max_sequence_length=opts.max_sequence_length, pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(), position_embedding_type="rope",
         rotary_base=int(shape.rotary_base), share_embeddings_and_output_weights=shape.tie_word_embeddings,
-        # Full-vocabulary logits on every TP rank: the log-prob/entropy code stays backend-agnostic.
-        parallel_output=False,
+        # Under TP each rank keeps the logits of its vocabulary slice; log-probs and entropies are taken
+        # over the TP group (vocab_parallel.py), never on a full-vocabulary tensor.
+        parallel_output=True,
     )
     if opts.bf16:
         from megatron.core.transformer.module import Float16Module

@@ -26,6 +26,7 @@ class ParallelOptions:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
     sequence_parallel: bool = False
     recompute_granularity: str | None = None
     recompute_method: str | None = None
@@ -44,6 +45,7 @@ def options_from_config(cfg) -> ParallelOptions:
         pipeline_model_parallel_size=t.pipeline_model_parallel_size,
         context_parallel_size=t.context_parallel_size,
         expert_model_parallel_size=t.expert_model_parallel_size,
+        expert_tensor_parallel_size=t.expert_tensor_parallel_size,
         sequence_parallel=t.sequence_parallel,
         recompute_granularity=t.recompute_granularity,
         recompute_method=t.recompute_method,
@@ -97,6 +99,8 @@ def init_parallel(opts: ParallelOptions, *, rank: int, world_size: int, device: 
         pipeline_model_parallel_size=opts.pipeline_model_parallel_size,
         context_parallel_size=opts.context_parallel_size,
         expert_model_parallel_size=opts.expert_model_parallel_size,
+        # Passed even at 1: megatron-core's own default is the attention TP size.
+        expert_tensor_parallel_size=opts.expert_tensor_parallel_size,
     )
     if device == "cuda":
         # megatron-core forks the "model-parallel-rng" CUDA generator around every attention/embedding

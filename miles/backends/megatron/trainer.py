@@ -53,7 +53,8 @@ class MegatronTrainer(TrainerBackend):
 
     def __init__(self, cfg, *, rank: int, world_size: int, device: str, init_checkpoint: str | None = None,
                  role: Literal["actor", "critic"] = "actor"):
-        from miles.ckpt.megatron_compat import ensure_cpu_compat, ensure_moe_router_without_te, quiet_megatron_import
+        from miles.ckpt.megatron_compat import (ensure_alltoall_dispatcher_without_cuda, ensure_cpu_compat,
+                                               ensure_moe_router_without_te, quiet_megatron_import)
 
         self.cfg, self.rank, self.world_size, self.device, self.role = cfg, rank, world_size, device, role
         check_layout(cfg, world_size)
@@ -68,6 +69,7 @@ class MegatronTrainer(TrainerBackend):
         with quiet_megatron_import():
             ensure_cpu_compat()
             ensure_moe_router_without_te()
+            ensure_alltoall_dispatcher_without_cuda()
             from megatron.core import parallel_state as ps
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -169,9 +171,15 @@ class MegatronTrainer(TrainerBackend):
         """megatron's schedule over packed micro-batches; the per-micro-batch dicts of the last PP stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(), layout=self.layout or cheaper_layout(b, self.shape.hidden_size)))
+        # TransformerEngine's causal mask type ignores a mask: packed micro-batches go with PackedSeqParams
+        # (its default), padded rows (right padding, never seen by a real token) need none.
+        te = self.opts.transformer_impl == "transformer_engine"
+        items = [(b, stream_inputs(b, pad_multiple=self._pad_multiple(),
+                                   layout=self.layout or ("packed" if te else cheaper_layout(b, self.shape.hidden_size))))
                  for b in batches]
         vocab, temperature = self.shape.vocab_size, self.temperature
+        # TP > 1: the output layer hands each rank its vocabulary slice (parallel_output=True).
+        tp_group = self.ps.get_tensor_model_parallel_group() if self.opts.tensor_model_parallel_size > 1 else None
 
         def on_output(batch: PackedBatch, inputs: StreamInputs, output: torch.Tensor):
             if self.role == "critic":  # output [b, s, 1]: the value head's, read at the log-prob positions
@@ -179,14 +187,18 @@ class MegatronTrainer(TrainerBackend):
                 if loss_fn is None:
                     return output.sum() * 0.0, {"values": values.detach()}
                 return loss_fn(batch, values, None)
-            lp, ent = response_log_probs(output, inputs, vocab_size=vocab, temperature=temperature, with_entropy=with_entropy)
+            lp, ent = response_log_probs(output, inputs, vocab_size=vocab, temperature=temperature, with_entropy=with_entropy,
+                                         tp_group=tp_group)
             if loss_fn is None:
                 return output.sum() * 0.0, {"log_probs": lp.detach(), "entropy": None if ent is None else ent.detach()}
             return loss_fn(batch, lp, ent)
 
         def forward_step(data_iterator, model):
             batch, inputs = next(data_iterator)
-            out = model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
+            if te and inputs.cu_seqlens is not None:
+                out = model(inputs.input_ids, inputs.position_ids, None, packed_seq_params=inputs.packed_seq_params())
+            else:
+                out = model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
             return out, partial(on_output, batch, inputs)
 
         longest = max(int(i.input_ids.shape[1]) for _, i in items)

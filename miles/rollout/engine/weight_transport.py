@@ -45,12 +45,15 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
 from miles.utils.net import free_port
 
 if TYPE_CHECKING:
+    import torch
+
     from miles.rollout.engine.builtin import BuiltinEngine
+
+# torch is imported inside the functions that compute: the run's driver imports this module (the
+# targets it orders a sync by) and, without it, imports no torch (docs/benchmarks.md, memory).
 
 GROUP_NAME = "miles_weight_sync"
 GROUP_TIMEOUT_S = 300.0
@@ -62,6 +65,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _dtype(name: str) -> torch.dtype:
+    import torch
+
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -70,6 +75,8 @@ def _dtype(name: str) -> torch.dtype:
 
 def group_backend(device: torch.device | str) -> str:
     """The collective backend for weights on `device`: NCCL for CUDA tensors, gloo for CPU ones."""
+    import torch
+
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
@@ -416,6 +423,8 @@ class TensorSender(WeightSender):
         calls = [self._pool.submit(HttpEngine(url).flush_cache) for url in self.urls]
         _wait(calls, f"{len(self.urls)} engine(s) to flush their cache after a weight update", self.targets.timeout_s)
         if self._cuda:  # free the buffers the engines held by IPC as soon as they let go
+            import torch
+
             torch.cuda.ipc_collect()
 
     def close(self) -> None:
@@ -500,6 +509,8 @@ class WeightReceiver:
         self.groups.pop(body.get("group_name", GROUP_NAME), None)
 
     def _agreed(self, copies: list[list[tuple[str, torch.Tensor]]]) -> list[tuple[str, torch.Tensor]]:
+        import torch
+
         first = copies[0]
         for r, other in enumerate(copies[1:], start=1):
             if [n for n, _ in other] != [n for n, _ in first] or not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other)):
@@ -512,6 +523,8 @@ class WeightReceiver:
             raise RuntimeError(f"no weight update group {name!r}; call /init_weights_update_group first")
         if body.get("load_format") not in (None, "auto"):
             raise ValueError(f"load_format {body['load_format']!r} is not supported; send one tensor per name")
+        import torch
+
         device = getattr(self.engine, "device", torch.device("cpu"))
         specs = list(zip(body["names"], body["dtypes"], body["shapes"]))
 
@@ -529,6 +542,8 @@ class WeightReceiver:
     def update_from_tensor(self, body: dict[str, Any]) -> None:
         """SGLang's body: `serialized_named_tensors` (one payload per TP rank, rank r opens entry r),
         `load_format` None (a list of (name, tensor)), `flush_cache`, `weight_version`."""
+        import torch
+
         from miles.rollout.engine.tensor_ipc import deserialize_payload
 
         if body.get("load_format") not in (None, "auto"):

@@ -55,10 +55,14 @@ def _worker(rank: int, world: int, port: int, job: dict, out_dir: str) -> None:
     result: dict = {"metrics": []}
 
     def log_probs():
+        from miles.backends.megatron.model import _unwrap
         from miles.train.packing import pack_samples
 
         data = make_train_data(4, seed=job["log_probs_seed"], vocab=job.get("vocab", 19))
+        # the width of the logits the model hands back on this rank (its vocabulary slice under TP)
+        hook = _unwrap(trainer.model).register_forward_hook(lambda m, i, out: result.__setitem__("logits_width", out.shape[-1]))
         lp, ent = trainer.compute_log_probs(pack_samples(data, range(4), device), with_entropy=True)
+        hook.remove()
         return lp.cpu(), ent.cpu()
 
     if job.get("log_probs_seed") is not None:

@@ -6,12 +6,16 @@
   torch.cuda.memory_allocated) and brings it back so that training continues as if never offloaded;
 - two GPUs over NCCL: PP=2 (log-prob broadcast between stages, metric reduction and broadcast,
   weight gathers from both stages) and DP=2 with the distributed optimizer (DP metric and advantage
-  reductions) match the CPU torch reference.
+  reductions) match the CPU torch reference;
+- with TransformerEngine (--transformer-impl transformer_engine, --bf16): packed micro-batches go to TE
+  with PackedSeqParams (thd, the samples' cu_seqlens) and score every sample as padded rows do; without
+  them TE's causal mask would let each sample attend to the ones packed before it.
 
 Unverified on the CPU-only build machine: these have never run there."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -75,3 +79,21 @@ def test_two_gpus_over_nccl_match_the_torch_reference(hf_dir, tmp_path, layout):
     result = _mp.run(2, {"config": config, "rollouts": ROLLOUTS, "log_probs_seed": 5, "device": "cuda"}, tmp_path)
     _assert_follows_reference(hf_dir, config, result, tol=1e-4)
     assert result["per_rank"][0][0] == result["per_rank"][1][0]  # both ranks agree on the full weights
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TransformerEngine")
+def test_transformer_engine_packed_samples_attend_only_to_themselves(hf_dir, tmp_path):
+    """4 samples of different lengths in one packed micro-batch (thd + cu_seqlens) against the same 4 as
+    right-padded rows (TE's plain causal attention, where padding is never seen): the same log-probs and
+    entropies up to bf16 kernels, and a training rollout to the same loss. Red if PackedSeqParams are
+    dropped (every sample but the first would see its predecessors)."""
+    config = {**_config(hf_dir, world=1), "bf16": True, "transformer_impl": "transformer_engine"}
+    runs = {}
+    for layout in ("packed", "padded"):
+        (tmp_path / layout).mkdir()
+        runs[layout] = _mp.run(1, {"config": config, "rollouts": [0], "log_probs_seed": 5, "device": "cuda", "layout": layout},
+                               tmp_path / layout)
+    packed, padded = runs["packed"], runs["padded"]
+    assert (packed["initial_log_probs"] - padded["initial_log_probs"]).abs().max() <= 0.05
+    assert (packed["initial_entropy"] - padded["initial_entropy"]).abs().max() <= 0.05
+    assert abs(_losses(packed)[0] - _losses(padded)[0]) <= 0.05

@@ -144,6 +144,18 @@ def test_bf16_trains_bf16_params_from_fp32_main_params_and_resumes_bit_exact(hf_
     assert resumed["checksum"] == first["checksum"]
 
 
+def test_tp2_log_probs_come_from_each_ranks_vocabulary_slice_and_equal_tp1(hf_dir, tmp_path):
+    """TP=2 hands each rank the logits of 10 of the 20 padded vocabulary columns (no rank holds all 19
+    real ones) and takes the softmax over the TP group (vocab_parallel.py): log-probs and entropies at
+    the rollout temperature equal TP=1's, where the one rank holds them all."""
+    (tmp_path / "tp1").mkdir(), (tmp_path / "tp2").mkdir()
+    one = _mp.run(1, {"config": _config(hf_dir, world=1), "rollouts": [], "log_probs_seed": 5}, tmp_path / "tp1")
+    two = _mp.run(2, {"config": _config(hf_dir, world=2, tp=2), "rollouts": [], "log_probs_seed": 5}, tmp_path / "tp2")
+    assert (one["logits_width"], two["logits_width"]) == (19, 10)
+    torch.testing.assert_close(two["initial_log_probs"], one["initial_log_probs"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(two["initial_entropy"], one["initial_entropy"], rtol=0, atol=1e-5)
+
+
 @pytest.mark.slow  # two runs of two ranks and a convert, about 4 minutes on 2 busy cores
 def test_tp2_matches_torch_syncs_hf_weights_resumes_bit_exact_and_converts(hf_dir, tmp_path):
     config = _config(hf_dir, world=2, tp=2)

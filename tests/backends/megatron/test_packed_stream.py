@@ -70,3 +70,13 @@ def test_many_short_samples_take_the_padded_layout_a_few_long_ones_the_stream():
     uneven = PackedBatch(tokens=torch.arange(203) % 19, cu_seqlens=torch.tensor([0, 200, 203]),
                          response_lengths=torch.tensor([4, 1]), loss_mask=torch.ones(5))
     assert cheaper_layout(uneven, 64) == "packed"
+
+
+def test_packed_seq_params_carry_the_sample_boundaries_and_the_padding_segment():
+    """What TransformerEngine gets instead of the mask (thd): samples 3 and 4 tokens long, then the pad
+    token as its own 1-token segment, so no real token attends to it or it to them."""
+    p = stream_inputs(_batch(), pad_multiple=4).packed_seq_params()
+    assert p.qkv_format == "thd" and p.cu_seqlens_q.dtype == torch.int32
+    assert p.cu_seqlens_q.tolist() == p.cu_seqlens_kv.tolist() == [0, 3, 7, 8]
+    assert (p.max_seqlen_q, p.max_seqlen_kv) == (4, 4)
+    assert stream_inputs(_batch(), pad_multiple=1).packed_seq_params().cu_seqlens_q.tolist() == [0, 3, 7]
