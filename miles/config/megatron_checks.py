@@ -18,23 +18,17 @@ def check_layout(cfg, world_size: int) -> None:
     sizes = {"--tensor-model-parallel-size": t.tensor_model_parallel_size,
              "--pipeline-model-parallel-size": t.pipeline_model_parallel_size,
              "--context-parallel-size": t.context_parallel_size,
-             "--expert-model-parallel-size": t.expert_model_parallel_size}
+             "--expert-model-parallel-size": t.expert_model_parallel_size,
+             "--expert-tensor-parallel-size": t.expert_tensor_parallel_size}
     for flag, value in sizes.items():
         if value < 1:
             raise UserError(f"{flag} must be at least 1.", option=flag)
     model_parallel = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
-    if world_size % model_parallel:
-        raise UserError(
-            f"--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size = {model_parallel} "
-            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
-            "change the sizes or the worker count.", option="--tensor-model-parallel-size")
+    _divides_workers(model_parallel, world_size, "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
     # megatron-core lays the expert layers out as expert-TP x EP x PP over the same ranks.
     expert_parallel = t.expert_tensor_parallel_size * t.expert_model_parallel_size * t.pipeline_model_parallel_size
-    if world_size % expert_parallel:
-        raise UserError(
-            f"--expert-tensor-parallel-size x --expert-model-parallel-size x --pipeline-model-parallel-size = {expert_parallel} "
-            f"does not divide the {world_size} training workers (--num-nodes x --num-gpus-per-node); "
-            "change the sizes or the worker count.", option="--expert-model-parallel-size")
+    _divides_workers(expert_parallel, world_size, "--expert-tensor-parallel-size", "--expert-model-parallel-size",
+                     "--pipeline-model-parallel-size", option="--expert-model-parallel-size")
     if t.sequence_parallel and t.tensor_model_parallel_size == 1:
         raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1; drop it or raise TP.",
                         option="--sequence-parallel")
@@ -49,6 +43,13 @@ def check_layout(cfg, world_size: int) -> None:
         raise UserError(
             f"--global-batch-size ({cfg.data.global_batch_size}) must be divisible by the {dp} data-parallel ranks "
             f"({world_size} workers / TP x PP x CP {model_parallel}).", option="--global-batch-size")
+
+
+def _divides_workers(product: int, world_size: int, *flags: str, option: str | None = None) -> None:
+    if world_size % product:
+        raise UserError(
+            f"{' x '.join(flags)} = {product} does not divide the {world_size} training workers "
+            "(--num-nodes x --num-gpus-per-node); change the sizes or the worker count.", option=option or flags[0])
 
 
 def check_hardware(cfg, *, cuda: bool) -> None:
