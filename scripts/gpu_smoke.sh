@@ -51,7 +51,7 @@ if [ "$cpu_only" = 0 ]; then
     gpu_tests "GPU weight sync: CUDA IPC to another process, NCCL broadcast, release frees memory" /tmp/miles-gpu-smoke-gpu.log \
       -m "gpu or not slow" tests/rollout/test_weight_sync_gpu.py tests/rollout/test_weight_tensor_path.py
     gpu_tests "torch/fsdp --bf16 step on a GPU, offload frees memory" /tmp/miles-gpu-smoke-torch.log tests/backends/test_bf16_gpu.py
-    gpu_tests "megatron --bf16 step on a GPU, offload frees memory, PP2/DP2 over NCCL, TE packing" /tmp/miles-gpu-smoke-megatron.log \
+    gpu_tests "megatron --bf16 step on a GPU, offload frees memory, PP2/DP2/TP2 (vocab-parallel log-probs) over NCCL, TE packing" /tmp/miles-gpu-smoke-megatron.log \
       tests/backends/megatron/test_megatron_gpu.py
     gpu_tests "NCCL metric reductions and DDP on 2 GPUs" /tmp/miles-gpu-smoke-nccl.log tests/backends/test_nccl_reductions_gpu.py
     gpu_tests "every other GPU-marked trainer test (tests/backends -m gpu)" /tmp/miles-gpu-smoke-train.log tests/backends \

@@ -73,7 +73,8 @@ def test_bf16_step_on_one_gpu_and_offload_frees_its_memory(hf_dir, tmp_path):
 
 
 @two_gpus
-@pytest.mark.parametrize("layout", [dict(pp=2), dict(dist_opt=True)], ids=["pp2", "dp2-distributed-optimizer"])
+@pytest.mark.parametrize("layout", [dict(pp=2), dict(dist_opt=True), dict(tp=2)],
+                         ids=["pp2", "dp2-distributed-optimizer", "tp2-vocab-parallel-log-probs"])
 def test_two_gpus_over_nccl_match_the_torch_reference(hf_dir, tmp_path, layout):
     config = _config(hf_dir, world=2, **layout)
     result = _mp.run(2, {"config": config, "rollouts": ROLLOUTS, "log_probs_seed": 5, "device": "cuda"}, tmp_path)
