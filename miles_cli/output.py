@@ -17,7 +17,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from miles.config.engine import option_specs
-from miles.config.sglang import GROUPS as SGLANG_GROUPS
 from miles.config.values import format_value
 
 console = Console(stderr=False)

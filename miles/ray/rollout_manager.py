@@ -97,8 +97,6 @@ def engine_tp_size(cfg: EngineConfig) -> int:
     return engine_layout(cfg).gpus_per_engine
 
 
-
-
 class RolloutManager:
     def __init__(
         self,
