@@ -107,12 +107,36 @@ def node_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread only
+        return [0]
+
+
+def process_affinity() -> list[int]:
+    """The CPU ids any thread of this process may run on (their union)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    cores: set[int] = set()
+    for tid in _threads():
+        try:
+            cores |= os.sched_getaffinity(tid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sorted(cores)
+
+
 def apply(p: ThreadPlan) -> ThreadPlan:
     """Pin (when the plan says so) and set torch's intra-op threads, in this process."""
     import torch
 
     if p.cores is not None:
-        os.sched_setaffinity(0, p.cores)
+        for tid in _threads():  # every thread: the affinity call moves only the thread it names, and Ray's
+            try:  # threads (one of which may run the actor's methods) started before this one
+                os.sched_setaffinity(tid, p.cores)
+            except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+                pass
     torch.set_num_threads(p.threads)
     return p
 

@@ -80,10 +80,12 @@ class TrainWorker:
         self.weight_pusher = WeightPusher()  # its sender (a broadcast group, a tensor buffer) outlives a sync
 
     def threads(self) -> tuple[int, list[int]]:
-        """(torch's intra-op threads, the CPU ids this process may run on), as the rank runs."""
+        """(torch's intra-op threads, the CPU ids any thread of this process may run on), as the rank runs."""
         import torch
 
-        return torch.get_num_threads(), sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        from miles.ray.threads import process_affinity
+
+        return torch.get_num_threads(), process_affinity()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a port free on this node): called on rank 0 only."""

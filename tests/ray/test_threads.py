@@ -110,3 +110,16 @@ def test_a_training_rank_runs_with_the_planned_threads(ray_session, overlapped):
     ray.get(worker.ready_ref, timeout=120)
     assert ray.get(worker.handle.threads.remote(), timeout=60) == expected
     ray.kill(worker.handle)
+
+
+def test_a_standalone_engine_server_refuses_a_bad_omp_num_threads(tmp_path):
+    """`python -m miles.rollout.engine.server` takes its torch threads from OMP_NUM_THREADS (1 when
+    unset): a value that is no count is one sentence and exit 2, before the model loads."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "two"}
+    p = subprocess.run([sys.executable, "-m", "miles.rollout.engine.server", "--model-path", str(tmp_path / "none")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == "OMP_NUM_THREADS='two': the engine server's torch threads must be a positive integer."
