@@ -40,6 +40,7 @@ from miles.ray.engine_factory import make_engine
 from miles.ray.weight_sync import InProcessTargets, current_node_id
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import SamplingParams
+from miles.rollout.engine.tensor_ipc import SharedBucket, SharedBucketReader
 from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.generate_hub import (
@@ -147,6 +148,7 @@ class RolloutManager:
         self._state_before: dict[int, dict[str, Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the rollouts' and evals' event loop (`_run`)
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
+        self._shared_weights = None  # the in-process sync's SharedBucketReader (its segment stays mapped)
         self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples
         o = cfg.opd
         if train_data and o.use_opd and o.opd_type == "sglang":
@@ -469,16 +471,20 @@ class RolloutManager:
         )
 
     def load_weight_bucket(
-        self, bucket: list[tuple[str, torch.Tensor]] | str, opens: bool = False, closes_at: int | None = None
+        self, bucket: list[tuple[str, torch.Tensor]] | str | SharedBucket, opens: bool = False, closes_at: int | None = None
     ) -> None:
-        """One bucket into the in-process engine: (name, tensor) pairs, or handles to the sender's
-        shared-memory buffer (`tensor_ipc.serialize_bucket`, from a trainer on this node), mapped,
-        copied from and let go. `opens`: begin the update first (as `begin_weight_update`);
-        `closes_at`: end it afterwards at that version (as `end_weight_update`), so a one-bucket sync
-        is this one call."""
+        """One bucket into the in-process engine: (name, tensor) pairs; a `SharedBucket` in the sender's
+        shared-memory buffer (a trainer on this node), whose segment stays mapped from one sync to the
+        next; or handles to it (`tensor_ipc.serialize_bucket`), mapped, copied from and let go.
+        `opens`: begin the update first (as `begin_weight_update`); `closes_at`: end it afterwards at
+        that version (as `end_weight_update`), so a one-bucket sync is this one call."""
         if opens:
             self.begin_weight_update()
-        if isinstance(bucket, str):
+        if isinstance(bucket, SharedBucket):
+            if self._shared_weights is None:
+                self._shared_weights = SharedBucketReader()
+            bucket = self._shared_weights.views(bucket)
+        elif isinstance(bucket, str):
             from miles.rollout.engine.tensor_ipc import deserialize_payload
 
             bucket = deserialize_payload(bucket)

@@ -19,7 +19,8 @@ the source a CUDA IPC handle to its own copy and each engine TP rank opens the o
 
 `in_process`: each bucket goes from the source rank to the manager (worker -> manager, never via the
 driver), one bucket in flight at a time (--update-weight-buffer-size bounds its memory): on one node as
-handles to a shared-memory buffer the source keeps (`InProcessSender`), across nodes as a Ray object.
+places in a shared-memory buffer the source keeps and the manager keeps mapped (`InProcessSender`),
+across nodes as a Ray object.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class InProcessSender(WeightSender):
     """Buckets to the rollout manager's in-process engine.
 
     On the manager's own node (every local run) each bucket is copied once into a shared-memory buffer
-    this sender keeps and reuses, and the manager gets *handles* to it (a few hundred bytes per tensor,
-    `miles.rollout.engine.tensor_ipc`): it maps the segment and copies into its parameters. Sent as
+    this sender keeps and reuses, and the manager gets where each tensor lies in it (a `SharedBucket`,
+    `miles.rollout.engine.tensor_ipc`): it maps the segment once for the run, keeps its views and
+    copies from them into its parameters. Sent as
     tensors, a 0.5 MB bucket through Ray's object store took ~15 ms (pickling each torch tensor, a
     plasma put and get) against ~1.5 ms for a call with a small argument. On another node the bucket
     goes as tensors through the object store.
@@ -109,10 +111,12 @@ class InProcessSender(WeightSender):
 
         bucket = [(name, t.detach().cpu()) for name, t in bucket]
         if self.by_handle:
-            from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket
+            from miles.rollout.engine.tensor_ipc import flatten_bucket, shared_bucket
 
+            # The manager maps this buffer once and keeps its views (SharedBucketReader): a sync sends
+            # only where each tensor lies, and the copy into the buffer is what the engine then reads.
             self._buffer, views = flatten_bucket(bucket, self._buffer)
-            bucket = serialize_bucket(views)
+            bucket = shared_bucket(self._buffer, views)
         call = self.targets.manager.load_weight_bucket.remote(bucket, opens=opens, closes_at=closes_at)
         ray.get(call, timeout=IN_PROCESS_BUCKET_TIMEOUT_S)
 
