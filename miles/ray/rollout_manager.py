@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from miles.config.engine import EngineConfig
+from miles.config.reward import split_rm_type
 from miles.errors import UserError
 from miles.ray.device import pick_device
 from miles.ray.engine_factory import make_engine
@@ -54,7 +55,7 @@ from miles.rollout.generate_hub import (
 from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
 from miles.rollout.generate_hub.turn_metrics import turn_metrics
 from miles.rollout.generate_hub.types import as_groups, as_samples
-from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.rm_hub import compute_group_rewards, compute_reward, effective_rm_type
 from miles.rollout.sft_rollout import rollout_function_path
 from miles.rollout.tools.execution import load_tool_specs
 from miles.rollout.train_data import samples_to_train_data
@@ -77,6 +78,18 @@ def _as_partial(s: Sample) -> Sample:
 
 
 _TO_GENERATE = (SampleStatus.PENDING, SampleStatus.ABORTED)
+# Reward types scored with `compute_group_rewards`' task per sample: the remote RM waits on HTTP, and the
+# random reward draws from `random` in the order its tasks run.
+_SCORED_CONCURRENTLY = ("remote_rm", "random")
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    """`dataclasses.replace(params, seed=seed)` without running `__init__` and `__post_init__` again:
+    `params` is checked already and the seed is not; once per sample, replace cost ~3 µs."""
+    out = object.__new__(type(params))
+    out.__dict__.update(params.__dict__)
+    out.seed = seed
+    return out
 
 
 def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, float]:
@@ -188,7 +201,7 @@ class RolloutManager:
         seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
         out = await self.generate_fn(
             GenerateInput(
-                sample=s, sampling_params=dataclasses.replace(params, seed=seed), engine=self.client, cfg=self.cfg,
+                sample=s, sampling_params=_with_seed(params, seed), engine=self.client, cfg=self.cfg,
                 tokenizer=self.tokenizer, rollout_id=rollout_id, evaluation=evaluation, rid=rid,
             )
         )
@@ -210,11 +223,21 @@ class RolloutManager:
         return [x for out in outs for x in out]
 
     async def _score_group(self, group: list[Sample]) -> None:
-        """Rewards for the group's samples that have none (a generate function may set its own)."""
+        """Rewards for the group's samples that have none (a generate function may set its own).
+        Rewards computed in this process (no custom function, no remote RM) and drawing no random
+        numbers are awaited one after the other in this task: a task per sample was half of a rollout's
+        asyncio tasks for functions that never wait. The others keep `compute_group_rewards`' concurrency
+        (and the random reward its order of draws)."""
         todo = group if all(s.reward is None for s in group) else [s for s in group if s.reward is None]
-        if todo:
-            for s, reward in zip(todo, await compute_group_rewards(self.cfg.reward, todo)):
-                s.reward = reward
+        if not todo:
+            return
+        r = self.cfg.reward
+        if r.custom_rm_path or any(split_rm_type(effective_rm_type(r, s))[1] in _SCORED_CONCURRENTLY for s in todo):
+            rewards = await compute_group_rewards(r, todo)
+        else:
+            rewards = [await compute_reward(r, s) for s in todo]
+        for s, reward in zip(todo, rewards):
+            s.reward = reward
 
     async def _group(self, group: list[Sample], **kw: Any) -> tuple[list[Sample], int]:
         """Generate one prompt group and score it: its samples and their generated tokens."""
