@@ -49,49 +49,6 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 RESERVED_KEYS = ("step", "time")  # the JSONL record's own fields
 
 
-def import_sinks_in_background(cfg: TrackingConfig, run_dir: str | Path | None = None) -> threading.Thread | None:
-    """Start importing the packages of the sinks `cfg` enables (MLflow alone is seconds of imports)
-    on a thread, so a caller that builds the `Tracker` later (the driver, after Ray and its actors
-    start) finds them imported. With `run_dir` and MLflow's default store, the empty store is made
-    too, in a temporary directory (`mlflow_sink.prepare_default_store`). Creates nothing under
-    `run_dir` and no run. An import that fails here is left to fail again, with its message, where
-    the `Tracker` imports it. Not a daemon: a run that ends early waits the seconds the imports take
-    rather than exit in the middle of one."""
-    modules = [name for name, on in (("miles.tracking.mlflow_sink", cfg.use_mlflow), ("mlflow.tracking", cfg.use_mlflow),
-                                      ("mlflow.store.tracking.sqlalchemy_store", cfg.use_mlflow),
-                                      ("miles.tracking.tensorboard_sink", cfg.use_tensorboard)) if on]
-    if not modules:
-        return None
-
-    prepare = cfg.use_mlflow and not cfg.mlflow_tracking_uri and run_dir is not None
-    if prepare:
-        from miles.tracking.mlflow_sink import expect_prepared_store  # light: mlflow itself is imported below
-
-        expect_prepared_store(Path(run_dir))
-
-    def run() -> None:
-        import importlib
-
-        try:
-            for name in modules:
-                importlib.import_module(name)
-            if prepare:
-                from miles.tracking.mlflow_sink import prepare_default_store
-
-                prepare_default_store(Path(run_dir))
-        except Exception:  # noqa: BLE001 - the Tracker imports (and makes the store) again, and reports
-            log.debug("importing the sinks / preparing the MLflow store ahead of time failed", exc_info=True)
-        finally:
-            if prepare:
-                from miles.tracking.mlflow_sink import prepare_default_store_failed
-
-                prepare_default_store_failed(Path(run_dir))
-
-    thread = threading.Thread(target=run, name="miles-import-tracking-sinks", daemon=False)
-    thread.start()
-    return thread
-
-
 class Sink(Protocol):
     name: str
 

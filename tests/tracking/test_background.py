@@ -72,32 +72,6 @@ def test_the_tracker_writes_mlflow_in_the_background_and_finish_leaves_every_ste
     assert MlflowClient(t.mlflow.tracking_uri).get_run(t.mlflow.run_id).info.status == "FINISHED"
 
 
-def test_the_mlflow_store_is_made_ahead_outside_the_run_dir_and_moved_in(tmp_path: Path):
-    import os
-
-    from mlflow.tracking import MlflowClient
-
-    from miles.tracking import mlflow_sink
-    from miles.tracking.tracker import import_sinks_in_background
-
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    cfg = TrackingConfig(use_mlflow=True)
-    thread = import_sinks_in_background(cfg, run_dir)
-    thread.join(120)
-    assert os.listdir(run_dir) == []  # nothing under the run dir before the Tracker
-    prepared = mlflow_sink._PREPARED[str(run_dir.resolve() / "mlflow.db")]
-    assert prepared.exists() and run_dir not in prepared.parents
-    t = Tracker(cfg, run_dir=run_dir, run_id="ahead", params={"seed": 3})
-    t.log({"rollout/raw_reward": 0.5}, step=1)
-    t.finish()
-    assert not prepared.exists() and (run_dir / "mlflow.db").exists()  # moved, not made a second time
-    client = MlflowClient(t.mlflow.tracking_uri)
-    run = client.get_run(t.mlflow.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["seed"] == "3"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rollout/raw_reward")] == [(1, 0.5)]
-
-
 def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothing(tmp_path: Path, monkeypatch):
     """MLflow's imports, store, run and params are seconds of CPU; the driver's Tracker must not wait
     for them before the first step. The open is held here: the Tracker is built and logs meanwhile."""
