@@ -47,14 +47,14 @@ class RunResult:
 def run_training(cfg: EngineConfig, *, run_dir: str | Path, run_id: str, env: dict[str, str] | None = None) -> RunResult:
     from miles.ray.cluster import start_cluster
     from miles.tracking.console import progress
-    from miles.tracking.tracker import import_sinks_in_background
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # torch and the rollout stack load on a thread while Ray's node starts, and MLflow's imports and
-    # store alongside Ray's start and the actors' (the Tracker, built after, opens them).
+    # The actor classes' modules load on a thread while Ray's node starts. MLflow's imports, store and
+    # run are left to the Tracker's writer thread, after the actors are up: seconds of CPU that would
+    # otherwise take a core from Ray's start and the actors' set-up (docs/benchmarks.md, "Start-up and
+    # memory, 2026-12-04").
     stack = _import_in_background(("miles.ray.actors",))
-    import_sinks_in_background(cfg.tracking, run_dir)
     with start_cluster(cfg, run_dir=run_dir, env=env or {}, stack=stack) as cluster:
         n = cfg.data.num_rollout
         _print_trainer_line(cfg, cluster)
