@@ -116,12 +116,19 @@ class RolloutManager:
         self,
         cfg: EngineConfig,
         *,
-        threads: int = 1,
+        threads: int | None = None,
         train_data: bool = True,
         engine_actor_options: list[dict[str, Any]] | None = None,
         log_dir: str | None = None,
     ):
-        torch.set_num_threads(threads)
+        # threads=None (a run's actor): the in-process engine shares the node's cores with whatever generates
+        # at the same time (miles/ray/threads.py); `miles eval` passes its own count
+        if threads is None:
+            from miles.ray.threads import actor_threads
+
+            actor_threads(cfg, "rollout")
+        else:
+            torch.set_num_threads(threads)
         self.cfg = cfg
         r, d = cfg.rollout, cfg.data
         self.log_dir = log_dir

@@ -70,14 +70,23 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, 
 
 
 class TrainWorker:
-    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1, role: str = "actor"):
-        import torch  # here, in the rank's process: the driver imports this module for TrainGroup
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, role: str = "actor"):
+        from miles.ray.threads import actor_threads  # in the rank's process: the driver imports this module for TrainGroup
 
-        torch.set_num_threads(threads)
+        # torch threads and cores: the node's cores shared with whatever computes at the same time (miles/ray/threads.py)
+        self.thread_plan = actor_threads(cfg, rank if role == "actor" else ("critic", rank))
         self.cfg = cfg
         self.rank, self.world_size, self.device, self.role = rank, world_size, device, role
         self.backend: TrainerBackend | None = None
         self.weight_pusher = WeightPusher()  # its sender (a broadcast group, a tensor buffer) outlives a sync
+
+    def threads(self) -> tuple[int, list[int]]:
+        """(torch's intra-op threads, the CPU ids any thread of this process may run on), as the rank runs."""
+        import torch
+
+        from miles.ray.threads import process_affinity
+
+        return torch.get_num_threads(), process_affinity()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a port free on this node): called on rank 0 only."""
