@@ -46,12 +46,25 @@ def _quiet_default_token_auth_notice() -> None:
         log.addFilter(_DropDefaultTokenAuthNotice())
 
 
-# A private local node starts no idle Python workers ahead of demand. Ray pre-starts one per CPU for
-# the first driver, but every miles actor runs in the job's runtime environment (its env vars), so
-# none of them could host an actor: each idle worker was ~85 MB of RSS and a second of CPU at start
-# (docs/benchmarks.md, "Ray's idle workers"). Only for the node started here: a cluster's system
-# config is its own (and Ray refuses `_system_config` when connecting to one).
-LOCAL_NODE_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+# The private local node's Ray settings (only for the node started here: a cluster's system config is
+# its own, and Ray refuses `_system_config` when connecting to one). docs/benchmarks.md has the
+# measurements ("Run start-up" and "Start-up and memory, 2026-12-04").
+LOCAL_NODE_SYSTEM_CONFIG = {
+    # No idle Python workers ahead of demand. Ray pre-starts one per CPU for the first driver, but every
+    # miles actor runs in the job's runtime environment (its env vars), so none of them could host an
+    # actor: each idle worker was ~85 MB of RSS and a second of CPU at start.
+    "prestart_worker_first_driver": False,
+    "enable_worker_prestart": False,
+    # The actors run at the driver's priority. Ray starts workers at nice 15 so that a shared node's
+    # tasks never starve its raylet; on a run's own node the workers are the run, and at nice 15 they
+    # got a small share of the CPU beside anything else at nice 0 (the driver's imports, Ray's own
+    # processes, the rest of the machine) while a single-process trainer (TRL) runs at nice 0.
+    "worker_niceness": 0,
+    # No Ray metrics: nothing reads them on this node (no dashboard, no Prometheus scrape of Ray), and
+    # recording and reporting them cost the workers and the dashboard agent CPU at start (~0.6 s of
+    # the node's ~4.4 s) and every few seconds after.
+    "enable_metrics_collection": False,
+}
 
 
 @contextlib.contextmanager

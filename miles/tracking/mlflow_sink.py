@@ -26,12 +26,8 @@ Uses `MlflowClient` (no global active run), so it never disturbs a caller's own 
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,68 +47,6 @@ _PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
 
 def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
-
-
-_PREPARED: dict[str, Path | None] = {}  # default store path -> the empty store made for it (None: not ready yet)
-_PREPARED_LOCK = threading.Condition()
-
-
-def expect_prepared_store(run_dir: Path) -> None:
-    """Say that `prepare_default_store(run_dir)` is coming (called before its thread starts), so the
-    sink waits for it rather than build a second store alongside."""
-    with _PREPARED_LOCK:
-        _PREPARED[str(Path(run_dir).resolve() / "mlflow.db")] = None
-
-
-def prepare_default_store(run_dir: Path) -> None:
-    """Make the empty store that `run_dir`'s default `mlflow.db` will be, ahead of time.
-
-    A new sqlite store runs MLflow's schema migrations, over a second even on an idle machine. The
-    driver calls this on a thread while Ray and the actors start; the store is built in a private
-    temporary directory (nothing is written under `run_dir`) and the `MlflowSink` that opens the
-    default store and finds no `mlflow.db` moves it into place. One never used is deleted at exit.
-    """
-    target = Path(run_dir).resolve() / "mlflow.db"
-    db = None
-    try:
-        if target.exists():
-            return
-        from mlflow.tracking import MlflowClient
-
-        tmp = Path(tempfile.mkdtemp(prefix="miles-mlflow-store-"))
-        atexit.register(shutil.rmtree, tmp, True)
-        # The client MlflowSink uses, so the store (and its Default experiment) is made exactly as there.
-        store = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")._tracking_client.store
-        store.engine.dispose()  # no connection left open on the file that will be moved
-        db = tmp / "mlflow.db"
-    finally:
-        with _PREPARED_LOCK:
-            if db is None:
-                _PREPARED.pop(str(target), None)
-            else:
-                _PREPARED[str(target)] = db
-            _PREPARED_LOCK.notify_all()
-
-
-def prepare_default_store_failed(run_dir: Path) -> None:
-    """The background thread ended without a store (an import failed): the sink stops waiting for one."""
-    with _PREPARED_LOCK:
-        key = str(Path(run_dir).resolve() / "mlflow.db")
-        if key in _PREPARED and _PREPARED[key] is None:
-            del _PREPARED[key]
-        _PREPARED_LOCK.notify_all()
-
-
-def _use_prepared_store(run_dir: Path) -> None:
-    target = Path(run_dir).resolve() / "mlflow.db"
-    with _PREPARED_LOCK:
-        # Made by now on any but a very slow start; after 120 s the sink makes its own.
-        _PREPARED_LOCK.wait_for(lambda: _PREPARED.get(str(target), True) is not None, 120)
-        prepared = _PREPARED.pop(str(target), None)
-    if prepared is not None and prepared.exists() and not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(prepared), str(target.with_name(target.name + ".tmp")))
-        os.replace(target.with_name(target.name + ".tmp"), target)  # whole or not at all
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -135,8 +69,6 @@ class MlflowSink:
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
 
-        if not cfg.mlflow_tracking_uri:
-            _use_prepared_store(run_dir)
         self.tracking_uri = cfg.mlflow_tracking_uri or default_tracking_uri(run_dir)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._key_owner: dict[str, str] = {}

@@ -22,8 +22,9 @@ by any other exception as FAILED. Without `with`, call `finish(status)` yourself
 Failure policy: the JSONL file is the record of the run, so an error writing it propagates. An error
 in another sink's `log` (an MLflow server that went away) is logged with its traceback the first
 time, counted in `sink_errors`, and the run goes on (`strict=True` makes it propagate, for tests).
-MLflow's writes run on a thread of their own (`miles.tracking.background`; not with `strict=True`):
-`log` returns at once and `finish` waits until the store has every record.
+MLflow's sink is opened and written on a thread of its own (`miles.tracking.background`; not with
+`strict=True`): the constructor and `log` return at once, an error while opening it (a bad
+`--mlflow-run-id`) is raised by the next `log`, and `finish` waits until the store has every record.
 `finish` closes every sink even when one fails to close, then reports the failures with a warning
 and returns them. This module decides nothing about *what* is logged: see metric_names.py.
 """
@@ -46,49 +47,6 @@ log = logging.getLogger(__name__)
 Status = Literal["FINISHED", "FAILED", "KILLED"]
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 RESERVED_KEYS = ("step", "time")  # the JSONL record's own fields
-
-
-def import_sinks_in_background(cfg: TrackingConfig, run_dir: str | Path | None = None) -> threading.Thread | None:
-    """Start importing the packages of the sinks `cfg` enables (MLflow alone is seconds of imports)
-    on a thread, so a caller that builds the `Tracker` later (the driver, after Ray and its actors
-    start) finds them imported. With `run_dir` and MLflow's default store, the empty store is made
-    too, in a temporary directory (`mlflow_sink.prepare_default_store`). Creates nothing under
-    `run_dir` and no run. An import that fails here is left to fail again, with its message, where
-    the `Tracker` imports it. Not a daemon: a run that ends early waits the seconds the imports take
-    rather than exit in the middle of one."""
-    modules = [name for name, on in (("miles.tracking.mlflow_sink", cfg.use_mlflow), ("mlflow.tracking", cfg.use_mlflow),
-                                      ("mlflow.store.tracking.sqlalchemy_store", cfg.use_mlflow),
-                                      ("miles.tracking.tensorboard_sink", cfg.use_tensorboard)) if on]
-    if not modules:
-        return None
-
-    prepare = cfg.use_mlflow and not cfg.mlflow_tracking_uri and run_dir is not None
-    if prepare:
-        from miles.tracking.mlflow_sink import expect_prepared_store  # light: mlflow itself is imported below
-
-        expect_prepared_store(Path(run_dir))
-
-    def run() -> None:
-        import importlib
-
-        try:
-            for name in modules:
-                importlib.import_module(name)
-            if prepare:
-                from miles.tracking.mlflow_sink import prepare_default_store
-
-                prepare_default_store(Path(run_dir))
-        except Exception:  # noqa: BLE001 - the Tracker imports (and makes the store) again, and reports
-            log.debug("importing the sinks / preparing the MLflow store ahead of time failed", exc_info=True)
-        finally:
-            if prepare:
-                from miles.tracking.mlflow_sink import prepare_default_store_failed
-
-                prepare_default_store_failed(Path(run_dir))
-
-    thread = threading.Thread(target=run, name="miles-import-tracking-sinks", daemon=False)
-    thread.start()
-    return thread
 
 
 class Sink(Protocol):
@@ -151,11 +109,18 @@ class Tracker:
             if cfg.use_mlflow:
                 from miles.tracking.mlflow_sink import MlflowSink
 
-                self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step)
-                if not strict:  # its store's writes off the loop's path (strict: errors raise in log())
+                if strict:  # opened here, and its errors raise in log()
+                    self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step)
+                else:  # opened and written on a thread: its imports, store, run and params off the run's path
                     from miles.tracking.background import BackgroundSink
+                    from miles.tracking.keys import flatten_params
 
-                    self.mlflow = BackgroundSink(self.mlflow, on_error=self._sink_failed)
+                    flat = flatten_params(params)  # here: the thread never reads a config the driver holds
+
+                    def open_mlflow() -> MlflowSink:
+                        return MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=flat, resume_step=resume_step)
+
+                    self.mlflow = BackgroundSink.opening("mlflow", open_mlflow, on_error=self._sink_failed)
                 self.sinks.append(self.mlflow)
             if cfg.use_tensorboard:
                 from miles.tracking.tensorboard_sink import TensorBoardSink
@@ -192,6 +157,9 @@ class Tracker:
             return
         self.jsonl.log(values, step)
         for sink in self.sinks[1:]:
+            check = getattr(sink, "raise_if_open_failed", None)
+            if check is not None:
+                check()  # a sink opened in the background that could not open ends the run, as opening here would
             try:
                 sink.log(values, step)
             except Exception:
@@ -244,6 +212,10 @@ class Tracker:
                 log.warning("closing metrics sink %s failed: %s: %s", sink.name, type(e).__name__, e, exc_info=e)
         for name, count in self.sink_errors.items():
             log.warning("metrics sink %s failed %d time(s) during the run; its record is incomplete", name, count)
+        for sink in self.sinks:
+            failed = getattr(sink, "open_error", None)  # a background sink that never opened (a bad --mlflow-run-id)
+            if failed is not None and status == "FINISHED":
+                raise failed  # a run that otherwise went well still ends with the sink's own error
         return errors
 
     def __enter__(self) -> Tracker:

@@ -72,27 +72,35 @@ def test_the_tracker_writes_mlflow_in_the_background_and_finish_leaves_every_ste
     assert MlflowClient(t.mlflow.tracking_uri).get_run(t.mlflow.run_id).info.status == "FINISHED"
 
 
-def test_the_mlflow_store_is_made_ahead_outside_the_run_dir_and_moved_in(tmp_path: Path):
-    import os
-
+def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothing(tmp_path: Path, monkeypatch):
+    """MLflow's imports, store, run and params are seconds of CPU; the driver's Tracker must not wait
+    for them before the first step. The open is held here: the Tracker is built and logs meanwhile."""
     from mlflow.tracking import MlflowClient
 
     from miles.tracking import mlflow_sink
-    from miles.tracking.tracker import import_sinks_in_background
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    cfg = TrackingConfig(use_mlflow=True)
-    thread = import_sinks_in_background(cfg, run_dir)
-    thread.join(120)
-    assert os.listdir(run_dir) == []  # nothing under the run dir before the Tracker
-    prepared = mlflow_sink._PREPARED[str(run_dir.resolve() / "mlflow.db")]
-    assert prepared.exists() and run_dir not in prepared.parents
-    t = Tracker(cfg, run_dir=run_dir, run_id="ahead", params={"seed": 3})
-    t.log({"rollout/raw_reward": 0.5}, step=1)
+    gate, opened_on = threading.Event(), []
+    real_init = mlflow_sink.MlflowSink.__init__
+
+    def held_init(self, *args, **kwargs):
+        opened_on.append(threading.current_thread().name)
+        gate.wait(30)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow_sink.MlflowSink, "__init__", held_init)
+    t0 = time.perf_counter()
+    params = {"seed": 7, "data": {"rollout_batch_size": 32}}
+    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=tmp_path, run_id="held", params=params)
+    for step in range(3):
+        t.log({"rollout/raw_reward": step / 10}, step=step)
+    assert time.perf_counter() - t0 < 5 and not gate.is_set()  # built and logged while the open waits
+    params["seed"] = 8  # the caller's config after the Tracker was built: the run records the value it had
+    gate.set()
     t.finish()
-    assert not prepared.exists() and (run_dir / "mlflow.db").exists()  # moved, not made a second time
+    assert opened_on and opened_on[0] != threading.main_thread().name
     client = MlflowClient(t.mlflow.tracking_uri)
     run = client.get_run(t.mlflow.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["seed"] == "3"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rollout/raw_reward")] == [(1, 0.5)]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["seed"] == "7" and run.data.params["data.rollout_batch_size"] == "32"
+    history = client.get_metric_history(t.mlflow.run_id, "rollout/raw_reward")
+    assert sorted((m.step, m.value) for m in history) == [(s, s / 10) for s in range(3)]

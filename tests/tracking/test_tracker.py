@@ -118,30 +118,3 @@ def test_all_sinks_at_once_get_the_same_numbers(mlflow_run_dir: Path, monkeypatc
     assert list((mlflow_run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_sink_packages_import_in_the_background_and_nothing_is_created(tmp_path) -> None:
-    """The driver starts this before Ray: MLflow's packages get imported, but no store, file or run."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(
-        f"""
-        import os, sys
-        os.chdir({str(tmp_path)!r})
-        from miles.config.tracking import TrackingConfig
-        from miles.tracking.tracker import import_sinks_in_background
-        assert import_sinks_in_background(TrackingConfig(use_mlflow=False)) is None
-        assert "mlflow" not in sys.modules
-        t = import_sinks_in_background(TrackingConfig(use_mlflow=True))
-        t.join(120)
-        assert not t.is_alive() and not t.daemon
-        print(sorted(m for m in ("mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "miles.tracking.mlflow_sink") if m in sys.modules))
-        print(os.listdir("."))
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.splitlines() == [
-        "['miles.tracking.mlflow_sink', 'mlflow.store.tracking.sqlalchemy_store', 'mlflow.tracking']",
-        "[]",
-    ]
