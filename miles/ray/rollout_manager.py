@@ -487,9 +487,10 @@ class RolloutManager:
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            if self._bucket_channel is None:
+            node = current_node_id()
+            if node and self._bucket_channel is None:  # a Ray actor: trainer ranks on this node may use it
                 self._bucket_channel = BucketChannel(self.load_weight_bucket)
-            return InProcessTargets(node_id=current_node_id(), address=self._bucket_channel.address)
+            return InProcessTargets(node_id=node, address=self._bucket_channel.address if self._bucket_channel else "")
         self.engine.begin_weight_update()
         r = self.cfg.rollout
         tp = engine_tp_size(self.cfg)

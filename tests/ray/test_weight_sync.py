@@ -120,7 +120,10 @@ def test_sync_after_sync_the_manager_reads_the_new_weights_through_the_segment_i
     assert rec.calls == [("shared", True, v) for v in (20, 21, 22)]
 
 
-def test_over_the_managers_channel_buckets_skip_ray_and_every_sync_lands_at_its_version(manager, no_ray):
+def test_over_the_managers_channel_buckets_skip_ray_and_every_sync_lands_at_its_version(manager, no_ray, monkeypatch):
+    import miles.ray.rollout_manager as rm
+
+    monkeypatch.setattr(rm, "current_node_id", lambda: "node-a")  # as in a Ray actor
     targets = manager.begin_weight_update()  # the first sync: the manager names its channel
     manager.end_weight_update(manager.engine.weight_version)
     assert targets.address.startswith("\0miles-weights-")
