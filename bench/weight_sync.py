@@ -10,6 +10,12 @@ created in a temp dir; nothing downloaded), in buckets of --bucket-mb:
               miles.rollout.engine.server`): a gloo group, names first over HTTP, then one broadcast
               per tensor; the number `perf/weight_sync_time` reports for --rollout-num-gpus runs;
 - disk:       `DiskTargets`: one safetensors shard per bucket, then every engine loads the directory;
+- manager process, handles per sync / kept mapping: the in-process sync's two payloads between this
+              process (the trainer's source rank) and a child process holding a `BuiltinEngine` (the
+              rollout manager): per bucket, one copy into the sender's kept shared-memory buffer, then
+              either handles pickled, mapped and released by the child every sync (`serialize_bucket`,
+              before 2026-12-04) or a `SharedBucket` whose segment the child mapped once and keeps
+              (`SharedBucketReader`, now); a pipe stands in for the Ray call (timed in the loop, not here);
 - tensor to servers: `TensorTargets` (--update-weight-transfer-mode tensor): per bucket one copy into
               a shared-memory buffer (kept across syncs, as the trainer keeps it), then handles to
               it to every server's `/update_weights_from_tensor` (SGLang's colocated path; CUDA IPC
@@ -21,6 +27,7 @@ median of --repeats runs, seconds per GB, and the ratio to the plain copy.
     python bench/weight_sync.py                 # 2 engine servers, 64 MB buckets (a few minutes on 2 cores)
     python bench/weight_sync.py --engines 1 --bucket-mb 512
     python bench/weight_sync.py --tp-size 2     # engines of 2 simulated TP ranks: world 1 + 2·2 per broadcast
+    python bench/weight_sync.py --engines 0     # no servers: copy, in-process engine, manager process
 """
 
 from __future__ import annotations
@@ -75,6 +82,64 @@ def start_servers(hf_dir: Path, n: int, tp_size: int = 1) -> tuple[list[subproce
     return procs, urls
 
 
+# The rollout manager's side of the in-process sync, in a child process: one command per stdin line
+# ("begin", "end", "sum", or "handles"/"shared" + a base64 payload for one bucket), "ok"/a checksum back.
+_MANAGER = r"""
+import base64, pickle, sys, torch
+torch.set_num_threads(1)
+from miles.rollout.engine.builtin import BuiltinEngine
+from miles.rollout.engine.tensor_ipc import SharedBucketReader, deserialize_payload
+engine, reader = BuiltinEngine(sys.argv[1]), SharedBucketReader()
+print("ok", flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "begin":
+        engine.pause_generation(); engine.begin_weight_update()
+    elif cmd == "end":
+        engine.end_weight_update(1); engine.continue_generation()
+    elif cmd == "handles":
+        engine.update_weights_from_tensors(deserialize_payload(arg))
+    elif cmd == "shared":
+        engine.update_weights_from_tensors(reader.views(pickle.loads(base64.b64decode(arg))))
+    elif cmd == "sum":
+        print(engine.get_weights_checksum(), flush=True); continue
+    print("ok", flush=True)
+"""
+
+
+class ManagerProcess:
+    """A child process with a `BuiltinEngine`, fed the in-process sync's payloads over a pipe."""
+
+    def __init__(self, hf_dir: Path):
+        self.proc = subprocess.Popen([sys.executable, "-c", _MANAGER, str(hf_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ask("")  # its start-up "ok"
+
+    def ask(self, line: str) -> str:
+        if line:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def sync(self, buckets, sender_buffer: list, *, kept: bool) -> None:
+        import base64
+        import pickle
+
+        from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket, shared_bucket
+
+        self.ask("begin")
+        for b in buckets:
+            sender_buffer[0], views = flatten_bucket(b, sender_buffer[0])
+            if kept:
+                self.ask("shared " + base64.b64encode(pickle.dumps(shared_bucket(sender_buffer[0], views))).decode())
+            else:
+                self.ask("handles " + serialize_bucket(views))
+        self.ask("end")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engines", type=int, default=2)
@@ -111,11 +176,20 @@ def main() -> None:
                 local.update_weights_from_tensors(b)
             local.end_weight_update(1)
 
+        manager = ManagerProcess(hf_dir)
+        handles_buffer, kept_buffer = [None], [None]  # each sender's buffer, kept across syncs
+
+        def manager_handles() -> None:
+            manager.sync(buckets, handles_buffer, kept=False)
+
+        def manager_kept() -> None:
+            manager.sync(buckets, kept_buffer, kept=True)
+
         with console.status("starting engine servers"):
             procs, urls = start_servers(hf_dir, args.engines, args.tp_size)
         clients = [HttpEngine(u) for u in urls]
         engines = engines_of(urls, [args.tp_size] * len(urls))
-        sender = BroadcastTargets(engines).open_sender()  # one group, kept across syncs as the trainer keeps it
+        sender = BroadcastTargets(engines).open_sender() if urls else None  # one group, kept across syncs as the trainer keeps it
 
         def remote(send) -> None:
             for c in clients:
@@ -140,7 +214,7 @@ def main() -> None:
 
             remote(send)
 
-        tensor_sender = TensorTargets(engines).open_sender()  # kept across syncs, as the trainer's source rank keeps it
+        tensor_sender = TensorTargets(engines).open_sender() if urls else None  # kept across syncs, as the trainer's source rank keeps it
 
         def tensor_servers() -> None:
             def send() -> None:
@@ -152,13 +226,18 @@ def main() -> None:
 
         rows = []
         try:
-            for name, fn, check in [
+            paths = [
                 ("copy", copy, lambda: [local.get_weights_checksum()]),
                 ("tensor (in-process engine)", tensor_path, lambda: [local.get_weights_checksum()]),
+                ("manager process, handles per sync", manager_handles, lambda: [manager.ask("sum")]),
+                ("manager process, kept mapping", manager_kept, lambda: [manager.ask("sum")]),
+            ]
+            servers = [
                 (f"broadcast (gloo, {args.engines} servers x TP {args.tp_size})", broadcast, lambda: [c.get_weights_checksum() for c in clients]),
                 (f"disk ({args.engines} servers)", disk, lambda: [c.get_weights_checksum() for c in clients]),
                 (f"tensor, shared memory ({args.engines} servers x TP {args.tp_size})", tensor_servers, lambda: [c.get_weights_checksum() for c in clients]),
-            ]:
+            ]
+            for name, fn, check in paths + (servers if urls else []):
                 times = []
                 with console.status(name):
                     for _ in range(args.repeats):
@@ -168,8 +247,10 @@ def main() -> None:
                 assert all(s == want for s in check()), f"{name}: weights differ after the sync"
                 rows.append((name, statistics.median(times)))
         finally:
-            sender.close()
-            tensor_sender.close()
+            manager.close()
+            for kept in (sender, tensor_sender):
+                if kept is not None:
+                    kept.close()
             for p in procs:
                 p.terminate()
                 p.wait(timeout=30)

@@ -93,9 +93,11 @@ def _run_steps(cfg: EngineConfig, cluster, tracker, bar, start: int, first_eval:
         data_ref, metrics_ref = pending or manager.generate_split.options(num_returns=2).remote(rollout_id)
         metrics = dict(wait(metrics_ref, f"rollout {rollout_id} to generate"))
         pending = manager.generate_split.options(num_returns=2).remote(step) if overlap and step < n else None
+        syncs = not cfg.debug.debug_rollout_only and (step == n or step % cfg.asynchrony.update_weights_interval == 0)
+        push = _push_with_train(cfg, cluster, version=step) if syncs else None
         if not cfg.debug.debug_rollout_only:
             metrics["perf/trainer_idle_time"] = time.perf_counter() - train_end
-            metrics.update(_train(cfg, cluster, data_ref, rollout_id))
+            metrics.update(_train(cfg, cluster, data_ref, rollout_id, push))
             train_end = time.perf_counter()
         tracker.log(metrics, step=step)  # before the checkpoint: a saved step is a logged step
         if cfg.ckpt.save and (step == n or (cfg.ckpt.save_interval and step % cfg.ckpt.save_interval == 0)):
@@ -103,10 +105,10 @@ def _run_steps(cfg: EngineConfig, cluster, tracker, bar, start: int, first_eval:
             # before it drew, so a resume generates it again (with the checkpoint's weights).
             _save(cfg, cluster, rollout_id, state_before=step if pending else None)
         after: dict[str, float] = {}
-        if not cfg.debug.debug_rollout_only and (step == n or step % cfg.asynchrony.update_weights_interval == 0):
+        if syncs:
             if pending:  # no generation spans a weight update (upstream's train_async order)
                 wait(pending[1], f"rollout {step} to finish before the weight update")
-            after = _sync_after_train(cfg, cluster, version=step)
+            after = _sync_after_train(cfg, cluster, version=step, pushed=push is not None)
         if _is_eval_step(cfg, step):
             last_eval = wait(manager.eval.remote(step), f"eval after rollout {rollout_id}")
             after.update(last_eval)
@@ -202,10 +204,21 @@ def _trainer_off_device(cfg: EngineConfig, cluster) -> None:
             cluster.critic.offload()
 
 
-def _train(cfg: EngineConfig, cluster, data_ref, rollout_id: int) -> dict[str, float]:
+def _push_with_train(cfg: EngineConfig, cluster, *, version: int):
+    """The weight sync as part of the train call (miles.ray.weight_sync.order_with_train) when nothing
+    runs between the two in this loop: no offload, no critic, no asynchrony; else None."""
+    if cfg.layout.offload_train or cfg.layout.offload_rollout or cluster.critic is not None or cfg.asynchrony.overlapped:
+        return None
+    from miles.ray.weight_sync import order_with_train
+
+    return order_with_train(cfg, cluster.manager.handle, version=version)
+
+
+def _train(cfg: EngineConfig, cluster, data_ref, rollout_id: int, push=None) -> dict[str, float]:
     """The engine releases its memory, the trainer comes back to the device and trains. PPO: the
     critic first (on the device only while it trains), then the actor with the critic's pre-update
-    values, except in the first --num-critic-only-steps rollouts."""
+    values, except in the first --num-critic-only-steps rollouts. `push`: the train call also syncs
+    the weights (perf/weight_sync_time is then its part of the call, not in perf/train_time)."""
     t0 = time.perf_counter()
     if cfg.layout.offload_rollout:
         wait(cluster.manager.handle.offload.remote(), "the rollout engine to release its memory")
@@ -223,21 +236,22 @@ def _train(cfg: EngineConfig, cluster, data_ref, rollout_id: int) -> dict[str, f
             return metrics
     if cfg.layout.offload_train:
         cluster.trainer.onload()
-    metrics.update(cluster.trainer.train(data_ref, rollout_id, critic_refs))
-    metrics["perf/train_time"] = time.perf_counter() - t0
+    metrics.update(cluster.trainer.train(data_ref, rollout_id, critic_refs, push=push))
+    metrics["perf/train_time"] = time.perf_counter() - t0 - metrics.get("perf/weight_sync_time", 0.0)
     return metrics
 
 
-def _sync_after_train(cfg: EngineConfig, cluster, *, version: int) -> dict[str, float]:
-    """Trainer to host memory → engine weights resumed → weights updated → engine KV cache resumed."""
+def _sync_after_train(cfg: EngineConfig, cluster, *, version: int, pushed: bool = False) -> dict[str, float]:
+    """Trainer to host memory → engine weights resumed → weights updated → engine KV cache resumed.
+    `pushed`: the train call already sent the weights (its metrics hold the sync's); only the check is left."""
     manager, layout = cluster.manager.handle, cfg.layout
     _trainer_off_device(cfg, cluster)
     if layout.offload_rollout:
         wait(manager.onload.remote(tags=["weights"]), "the rollout engine to resume its weights' memory")
-    sync_time, metrics = _update_weights(cfg, cluster, version=version)
+    sync_time, metrics = _update_weights(cfg, cluster, version=version, pushed=pushed)
     if layout.offload_rollout:
         wait(manager.onload.remote(tags=["kv_cache", "cuda_graph"]), "the rollout engine to resume its KV cache and CUDA graphs")
-    return {**metrics, "perf/weight_sync_time": sync_time}
+    return metrics if pushed else {**metrics, "perf/weight_sync_time": sync_time}
 
 
 def _is_eval_step(cfg: EngineConfig, step: int) -> bool:
@@ -259,14 +273,14 @@ def _logged_eval(run_dir: Path, step: int) -> bool:
     return False
 
 
-def _update_weights(cfg: EngineConfig, cluster, *, version: int) -> tuple[float, dict[str, float]]:
+def _update_weights(cfg: EngineConfig, cluster, *, version: int, pushed: bool = False) -> tuple[float, dict[str, float]]:
     """Seconds the whole update took, and what the trainer's source rank reported (bytes sent, send time)."""
     from miles.ray.weight_sync import sync_weights
 
     t0 = time.perf_counter()
     manager = cluster.manager.handle
     # The trainer ranks push the buckets to the engines; the driver only orders the three calls.
-    sent = sync_weights(cfg, cluster.trainer.handles, manager, version=version, wait=wait)
+    sent = {} if pushed else sync_weights(cfg, cluster.trainer.handles, manager, version=version, wait=wait)
     if cfg.debug.check_weight_update_equal:
         trainer_sum = cluster.trainer.weights_checksum()
         engine_sum = wait(manager.weights_checksum.remote(), "the rollout engine's weight checksum")

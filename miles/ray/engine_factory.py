@@ -18,6 +18,7 @@ from typing import Any
 
 from miles.config.engine import EngineConfig
 from miles.ray.engine_launcher import RayEngineLauncher
+from miles.ray.threads import share_of
 from miles.rollout.engine.base import RolloutEngine
 
 
@@ -52,6 +53,7 @@ def make_engine(
         dtype=r.rollout_dtype,
         actor_options=actor_options,
         log_dir=log_dir,
+        shares=[share_of(cfg, ("engine", i)) for i in range(c.rollout_num_gpus // c.rollout_num_gpus_per_engine)],
     )
 
 
@@ -67,12 +69,15 @@ def builtin_fleet(
     dtype: str = "float32",
     actor_options: list[dict[str, Any]] | None = None,
     log_dir: str | Path | None = None,
+    shares: list | None = None,
 ):
-    """`num_engines` built-in engine servers (`EngineServerActor`, one Ray actor each) behind the router."""
+    """`num_engines` built-in engine servers (`EngineServerActor`, one Ray actor each) behind the router.
+    `shares[i]`: server i's `miles.ray.threads.Share` of its node's cores (None: one torch thread)."""
     from miles.rollout.engine.fleet import EngineFleet, EngineServerActor
 
     def make_actor(index: int, seed: int):
-        return EngineServerActor, (hf_dir,), dict(seed=seed, max_batch_size=max_batch_size, device=device, dtype=dtype)
+        share = shares[index] if shares else None
+        return EngineServerActor, (hf_dir,), dict(seed=seed, max_batch_size=max_batch_size, device=device, dtype=dtype, share=share)
 
     return EngineFleet(
         RayEngineLauncher(make_actor, actor_options), num_engines=num_engines, policy=policy, ft=ft, seed=seed, log_dir=log_dir

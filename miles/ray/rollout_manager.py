@@ -34,12 +34,14 @@ from typing import Any
 import torch
 
 from miles.config.engine import EngineConfig
+from miles.config.reward import split_rm_type
 from miles.errors import UserError
 from miles.ray.device import pick_device
 from miles.ray.engine_factory import make_engine
 from miles.ray.weight_sync import InProcessTargets, current_node_id
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import SamplingParams
+from miles.rollout.engine.tensor_ipc import SharedBucket, SharedBucketReader
 from miles.rollout.engine.weight_transport import EngineTarget, WeightTargets, transport_targets
 from miles.rollout.filters import apply_group_filter, load_group_filter
 from miles.rollout.generate_hub import (
@@ -53,7 +55,7 @@ from miles.rollout.generate_hub import (
 from miles.rollout.generate_hub.loading import GENERATE_FLAG, ROLLOUT_FLAG
 from miles.rollout.generate_hub.turn_metrics import turn_metrics
 from miles.rollout.generate_hub.types import as_groups, as_samples
-from miles.rollout.rm_hub import compute_group_rewards
+from miles.rollout.rm_hub import compute_group_rewards, compute_reward, effective_rm_type
 from miles.rollout.sft_rollout import rollout_function_path
 from miles.rollout.tools.execution import load_tool_specs
 from miles.rollout.train_data import samples_to_train_data
@@ -76,6 +78,18 @@ def _as_partial(s: Sample) -> Sample:
 
 
 _TO_GENERATE = (SampleStatus.PENDING, SampleStatus.ABORTED)
+# Reward types scored with `compute_group_rewards`' task per sample: the remote RM waits on HTTP, and the
+# random reward draws from `random` in the order its tasks run.
+_SCORED_CONCURRENTLY = ("remote_rm", "random")
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    """`dataclasses.replace(params, seed=seed)` without running `__init__` and `__post_init__` again:
+    `params` is checked already and the seed is not; once per sample, replace cost ~3 µs."""
+    out = object.__new__(type(params))
+    out.__dict__.update(params.__dict__)
+    out.seed = seed
+    return out
 
 
 def staleness_metrics(samples: list[Sample], current_version: int) -> dict[str, float]:
@@ -102,12 +116,19 @@ class RolloutManager:
         self,
         cfg: EngineConfig,
         *,
-        threads: int = 1,
+        threads: int | None = None,
         train_data: bool = True,
         engine_actor_options: list[dict[str, Any]] | None = None,
         log_dir: str | None = None,
     ):
-        torch.set_num_threads(threads)
+        # threads=None (a run's actor): the in-process engine shares the node's cores with whatever generates
+        # at the same time (miles/ray/threads.py); `miles eval` passes its own count
+        if threads is None:
+            from miles.ray.threads import actor_threads
+
+            actor_threads(cfg, "rollout")
+        else:
+            torch.set_num_threads(threads)
         self.cfg = cfg
         r, d = cfg.rollout, cfg.data
         self.log_dir = log_dir
@@ -147,6 +168,7 @@ class RolloutManager:
         self._state_before: dict[int, dict[str, Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the rollouts' and evals' event loop (`_run`)
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
+        self._shared_weights = None  # the in-process sync's SharedBucketReader (its segment stays mapped)
         self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples
         o = cfg.opd
         if train_data and o.use_opd and o.opd_type == "sglang":
@@ -186,7 +208,7 @@ class RolloutManager:
         seed = request_seed(self.cfg.rollout.rollout_seed, rollout_id, s.index or 0, purpose=purpose)
         out = await self.generate_fn(
             GenerateInput(
-                sample=s, sampling_params=dataclasses.replace(params, seed=seed), engine=self.client, cfg=self.cfg,
+                sample=s, sampling_params=_with_seed(params, seed), engine=self.client, cfg=self.cfg,
                 tokenizer=self.tokenizer, rollout_id=rollout_id, evaluation=evaluation, rid=rid,
             )
         )
@@ -208,11 +230,21 @@ class RolloutManager:
         return [x for out in outs for x in out]
 
     async def _score_group(self, group: list[Sample]) -> None:
-        """Rewards for the group's samples that have none (a generate function may set its own)."""
+        """Rewards for the group's samples that have none (a generate function may set its own).
+        Rewards computed in this process (no custom function, no remote RM) and drawing no random
+        numbers are awaited one after the other in this task: a task per sample was half of a rollout's
+        asyncio tasks for functions that never wait. The others keep `compute_group_rewards`' concurrency
+        (and the random reward its order of draws)."""
         todo = group if all(s.reward is None for s in group) else [s for s in group if s.reward is None]
-        if todo:
-            for s, reward in zip(todo, await compute_group_rewards(self.cfg.reward, todo)):
-                s.reward = reward
+        if not todo:
+            return
+        r = self.cfg.reward
+        if r.custom_rm_path or any(split_rm_type(effective_rm_type(r, s))[1] in _SCORED_CONCURRENTLY for s in todo):
+            rewards = await compute_group_rewards(r, todo)
+        else:
+            rewards = [await compute_reward(r, s) for s in todo]
+        for s, reward in zip(todo, rewards):
+            s.reward = reward
 
     async def _group(self, group: list[Sample], **kw: Any) -> tuple[list[Sample], int]:
         """Generate one prompt group and score it: its samples and their generated tokens."""
@@ -469,16 +501,20 @@ class RolloutManager:
         )
 
     def load_weight_bucket(
-        self, bucket: list[tuple[str, torch.Tensor]] | str, opens: bool = False, closes_at: int | None = None
+        self, bucket: list[tuple[str, torch.Tensor]] | str | SharedBucket, opens: bool = False, closes_at: int | None = None
     ) -> None:
-        """One bucket into the in-process engine: (name, tensor) pairs, or handles to the sender's
-        shared-memory buffer (`tensor_ipc.serialize_bucket`, from a trainer on this node), mapped,
-        copied from and let go. `opens`: begin the update first (as `begin_weight_update`);
-        `closes_at`: end it afterwards at that version (as `end_weight_update`), so a one-bucket sync
-        is this one call."""
+        """One bucket into the in-process engine: (name, tensor) pairs; a `SharedBucket` in the sender's
+        shared-memory buffer (a trainer on this node), whose segment stays mapped from one sync to the
+        next; or handles to it (`tensor_ipc.serialize_bucket`), mapped, copied from and let go.
+        `opens`: begin the update first (as `begin_weight_update`); `closes_at`: end it afterwards at
+        that version (as `end_weight_update`), so a one-bucket sync is this one call."""
         if opens:
             self.begin_weight_update()
-        if isinstance(bucket, str):
+        if isinstance(bucket, SharedBucket):
+            if self._shared_weights is None:
+                self._shared_weights = SharedBucketReader()
+            bucket = self._shared_weights.views(bucket)
+        elif isinstance(bucket, str):
             from miles.rollout.engine.tensor_ipc import deserialize_payload
 
             bucket = deserialize_payload(bucket)

@@ -24,6 +24,7 @@ driver calls them on every worker; the weight source (rank 0) hands its buckets 
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from miles.config.engine import EngineConfig
@@ -69,14 +70,23 @@ def make_backend(cfg: EngineConfig, *, rank: int, world_size: int, device: str, 
 
 
 class TrainWorker:
-    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, threads: int = 1, role: str = "actor"):
-        import torch  # here, in the rank's process: the driver imports this module for TrainGroup
+    def __init__(self, cfg: EngineConfig, *, rank: int, world_size: int, device: str, role: str = "actor"):
+        from miles.ray.threads import actor_threads  # in the rank's process: the driver imports this module for TrainGroup
 
-        torch.set_num_threads(threads)
+        # torch threads and cores: the node's cores shared with whatever computes at the same time (miles/ray/threads.py)
+        self.thread_plan = actor_threads(cfg, rank if role == "actor" else ("critic", rank))
         self.cfg = cfg
         self.rank, self.world_size, self.device, self.role = rank, world_size, device, role
         self.backend: TrainerBackend | None = None
         self.weight_pusher = WeightPusher()  # its sender (a broadcast group, a tensor buffer) outlives a sync
+
+    def threads(self) -> tuple[int, list[int]]:
+        """(torch's intra-op threads, the CPU ids any thread of this process may run on), as the rank runs."""
+        import torch
+
+        from miles.ray.threads import process_affinity
+
+        return torch.get_num_threads(), process_affinity()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a port free on this node): called on rank 0 only."""
@@ -106,11 +116,19 @@ class TrainWorker:
     def parameter_metrics(self) -> dict[str, float]:
         return self.backend.parameter_metrics()
 
-    def train(self, train_data: dict[str, Any], rollout_id: int, critic: dict[str, Any] | None = None) -> dict[str, float]:
-        """The policy's step; `critic`: what the critic rank of the same index returned (ppo)."""
+    def train(
+        self, train_data: dict[str, Any], rollout_id: int, critic: dict[str, Any] | None = None, push: "SyncOrder | None" = None
+    ) -> dict[str, float]:
+        """The policy's step; `critic`: what the critic rank of the same index returned (ppo). `push`: then
+        the weight sync too, in this call (miles.ray.weight_sync.order_with_train), timed as perf/weight_sync_time."""
         from miles.train.step import train_rollout
 
-        return train_rollout(self.backend, train_data, rollout_id=rollout_id, values=None if critic is None else critic["values"])
+        metrics = train_rollout(self.backend, train_data, rollout_id=rollout_id, values=None if critic is None else critic["values"])
+        if push is not None:
+            t0 = time.perf_counter()
+            metrics = {**metrics, **self.push_weights(push)}
+            metrics["perf/weight_sync_time"] = time.perf_counter() - t0
+        return metrics
 
     def train_critic(self, train_data: dict[str, Any], rollout_id: int) -> dict[str, Any]:
         """The critic's step: {"metrics": critic/*, "values": its pre-update values by sample index}."""
@@ -190,11 +208,13 @@ class TrainGroup:
 
         return wait(refs, what, self.step_timeout_s if timeout is None else timeout)
 
-    def train(self, data_ref, rollout_id: int, critic_refs: list | None = None) -> dict[str, float]:
+    def train(self, data_ref, rollout_id: int, critic_refs: list | None = None, push: "SyncOrder | None" = None) -> dict[str, float]:
         """One RL step on every rank; rank 0's metrics (they are reduced across ranks already).
-        `critic_refs`: per rank, the critic rank's `train_critic` result (ppo), passed by reference."""
+        `critic_refs`: per rank, the critic rank's `train_critic` result (ppo), passed by reference.
+        `push`: every rank then runs that weight sync in the same call (`TrainWorker.train`)."""
         refs = critic_refs or [None] * len(self.handles)
-        return self._all([h.train.remote(data_ref, rollout_id, c) for h, c in zip(self.handles, refs)], f"training on rollout {rollout_id}")[0]
+        what = f"training on rollout {rollout_id}" + (f" and sending weights (version {push.version})" if push else "")
+        return self._all([h.train.remote(data_ref, rollout_id, c, push) for h, c in zip(self.handles, refs)], what)[0]
 
     def train_critic(self, data_ref, rollout_id: int) -> tuple[dict[str, float], list]:
         """The critic's step on every rank: (rank 0's critic/* metrics, each rank's result by reference,

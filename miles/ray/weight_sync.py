@@ -8,6 +8,8 @@
     in-process engine, from the second sync on (the first showed the engine is in-process):
     driver:          every trainer rank: push_weights(SyncOrder)    # the source's first bucket call pauses
                                                                     # and opens, its last one closes at v
+    and in the synchronous loop without offload that order rides on the train call itself
+    (`order_with_train`: every trainer rank: train(data, push=SyncOrder)), so a sync adds no driver call.
 
 `begin_weight_update` answers a typed `WeightTargets` (miles.rollout.engine.weight_transport: broadcast,
 tensor, disk; `InProcessTargets` here for the engine inside the rollout manager actor). Each train
@@ -19,7 +21,8 @@ the source a CUDA IPC handle to its own copy and each engine TP rank opens the o
 
 `in_process`: each bucket goes from the source rank to the manager (worker -> manager, never via the
 driver), one bucket in flight at a time (--update-weight-buffer-size bounds its memory): on one node as
-handles to a shared-memory buffer the source keeps (`InProcessSender`), across nodes as a Ray object.
+places in a shared-memory buffer the source keeps and the manager keeps mapped (`InProcessSender`),
+across nodes as a Ray object.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ class InProcessSender(WeightSender):
     """Buckets to the rollout manager's in-process engine.
 
     On the manager's own node (every local run) each bucket is copied once into a shared-memory buffer
-    this sender keeps and reuses, and the manager gets *handles* to it (a few hundred bytes per tensor,
-    `miles.rollout.engine.tensor_ipc`): it maps the segment and copies into its parameters. Sent as
+    this sender keeps and reuses, and the manager gets where each tensor lies in it (a `SharedBucket`,
+    `miles.rollout.engine.tensor_ipc`): it maps the segment once for the run, keeps its views and
+    copies from them into its parameters. Sent as
     tensors, a 0.5 MB bucket through Ray's object store took ~15 ms (pickling each torch tensor, a
     plasma put and get) against ~1.5 ms for a call with a small argument. On another node the bucket
     goes as tensors through the object store.
@@ -109,10 +113,12 @@ class InProcessSender(WeightSender):
 
         bucket = [(name, t.detach().cpu()) for name, t in bucket]
         if self.by_handle:
-            from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket
+            from miles.rollout.engine.tensor_ipc import flatten_bucket, shared_bucket
 
+            # The manager maps this buffer once and keeps its views (SharedBucketReader): a sync sends
+            # only where each tensor lies, and the copy into the buffer is what the engine then reads.
             self._buffer, views = flatten_bucket(bucket, self._buffer)
-            bucket = serialize_bucket(views)
+            bucket = shared_bucket(self._buffer, views)
         call = self.targets.manager.load_weight_bucket.remote(bucket, opens=opens, closes_at=closes_at)
         ray.get(call, timeout=IN_PROCESS_BUCKET_TIMEOUT_S)
 
@@ -223,8 +229,21 @@ def sync_weights(cfg, workers, manager, *, version: int, wait) -> dict[str, floa
 _IN_PROCESS: dict[str, InProcessTargets] = {}
 
 
+def _manager_key(manager) -> str:
+    return manager._actor_id.hex() if hasattr(manager, "_actor_id") else ""
+
+
+def order_with_train(cfg, manager, *, version: int) -> SyncOrder | None:
+    """The sync the trainer ranks run at the end of their train call (`TrainWorker.train(push=...)`),
+    once the sync is that one call to them anyway: the manager's engine is in-process and known from
+    an earlier sync (None otherwise: the driver runs `sync_weights` after the train call). It saves the
+    driver -> trainer -> driver round trip of a separate call, a third of a sync of a small model."""
+    known = _IN_PROCESS.get(_manager_key(manager))
+    return None if known is None else SyncOrder(known, version, cfg.rollout.update_weight_buffer_size)
+
+
 def _sync_once(cfg, workers, manager, *, version: int, wait) -> dict[str, float]:
-    key = manager._actor_id.hex() if hasattr(manager, "_actor_id") else ""
+    key = _manager_key(manager)
     known = _IN_PROCESS.get(key)
     if known is not None:  # the sender opens and closes the session inside its own calls
         order = SyncOrder(known, version, cfg.rollout.update_weight_buffer_size)

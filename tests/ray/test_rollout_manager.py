@@ -321,3 +321,50 @@ def test_a_rollout_that_fails_leaves_no_task_running_into_the_next(setup):
     assert m._loop is loop and not loop.is_closed()
     m.shutdown()
     assert loop.is_closed()
+
+
+# -- rewards: in the group's task where nothing waits, through compute_group_rewards otherwise ------------
+def _scored(monkeypatch, rm_type: str, metadata=None, **reward):
+    """The rewards `_score_group` gives a group of 4, and how many groups went to `compute_group_rewards`."""
+    import asyncio
+    import types
+
+    import miles.ray.rollout_manager as rm
+    from miles.config.reward import RewardConfig
+    from miles.sample import Sample
+
+    calls = []
+    concurrent = rm.compute_group_rewards
+
+    async def recording(cfg, samples):
+        calls.append(len(samples))
+        return await concurrent(cfg, samples)
+
+    monkeypatch.setattr(rm, "compute_group_rewards", recording)
+    group = [Sample(response=r, label="12", metadata=dict(metadata or {}), index=i) for i, r in enumerate(["12", "13", "12", "x"])]
+    stub = types.SimpleNamespace(cfg=types.SimpleNamespace(reward=RewardConfig(rm_type=rm_type, **reward)))
+    asyncio.run(RolloutManager._score_group(stub, group))
+    return [s.reward for s in group], calls
+
+
+def test_local_rewards_are_scored_in_the_groups_own_task_with_the_same_values(monkeypatch):
+    rewards, calls = _scored(monkeypatch, "exact_match")
+    assert rewards == [1.0, 0.0, 1.0, 0.0] and calls == []  # no task per sample
+
+
+def test_the_random_reward_and_a_remote_rm_keep_the_concurrent_path(monkeypatch):
+    import random
+
+    random.seed(3)
+    rewards, calls = _scored(monkeypatch, "random")
+    random.seed(3)
+    assert calls == [4] and rewards == [float(random.randint(0, 1)) for _ in range(4)]  # draws in sample order
+    # One sample's metadata asks for a remote RM: the whole group goes the concurrent way.
+    import miles.rollout.rm_hub as hub
+
+    async def remote(cfg, inp):
+        return 0.5
+
+    monkeypatch.setattr(hub, "remote_reward", remote)
+    rewards, calls = _scored(monkeypatch, "exact_match", metadata={"rm_type": "remote_rm"}, rm_url="http://x")
+    assert calls == [4] and rewards == [0.5] * 4

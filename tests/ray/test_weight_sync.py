@@ -19,6 +19,7 @@ import miles.ray.weight_sync as ws
 from miles.config.resolve import build_config, resolve
 from miles.prepare.tiny_model import create_tiny_qwen3
 from miles.ray.rollout_manager import RolloutManager
+from miles.rollout.engine.tensor_ipc import SharedBucket
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,10 @@ def manager(tmp_path_factory):
     return RolloutManager(resolve(build_config(cfg, environ={})))
 
 
+def kind(bucket) -> str:
+    return "shared" if isinstance(bucket, SharedBucket) else "handles" if isinstance(bucket, str) else "tensors"
+
+
 class Recorder:
     """Stands in for the manager's actor handle: `load_weight_bucket.remote(...)` runs the real method."""
 
@@ -42,7 +47,7 @@ class Recorder:
         class Method:
             @staticmethod
             def remote(bucket, opens=False, closes_at=None):
-                recorder.calls.append(("handles" if isinstance(bucket, str) else "tensors", opens, closes_at))
+                recorder.calls.append((kind(bucket), opens, closes_at))
                 recorder.states.append(manager.engine._updating if not opens else None)
                 return manager.load_weight_bucket(bucket, opens=opens, closes_at=closes_at)
 
@@ -80,7 +85,7 @@ def test_a_session_opens_with_the_first_bucket_closes_with_the_last_and_loads_ev
     sender = ws.InProcessTargets(manager=rec, node_id="node-a", session=True).open_sender()
     buckets = new_weights(manager, 1)
     push(sender, buckets, version=7)
-    assert rec.calls == [("handles", True, None), ("handles", False, None), ("handles", False, 7)]
+    assert rec.calls == [("shared", True, None), ("shared", False, None), ("shared", False, 7)]
     assert rec.states[1:] == [True, True]  # the middle and last buckets arrive inside the open session
     assert manager.engine.weight_version == 7 and not manager.engine._updating and not manager.engine._paused
     got = engine_weights(manager)
@@ -94,9 +99,25 @@ def test_a_session_opens_with_the_first_bucket_closes_with_the_last_and_loads_ev
     # One bucket: one call that opens and closes.
     one = [[x for b in new_weights(manager, 5) for x in b]]
     push(sender, one, version=8)
-    assert rec.calls[6:] == [("handles", True, 8)]
+    assert rec.calls[6:] == [("shared", True, 8)]
     got = engine_weights(manager)
     assert all(torch.equal(got[n], t) for n, t in one[0]) and manager.engine.weight_version == 8
+
+
+def test_sync_after_sync_the_manager_reads_the_new_weights_through_the_segment_it_mapped_once(manager, no_ray):
+    rec = Recorder(manager)
+    sender = ws.InProcessTargets(manager=rec, node_id="node-a", session=True).open_sender()
+    mapped = None
+    for version, seed in enumerate((11, 12, 13), start=20):
+        bucket = [x for b in new_weights(manager, seed) for x in b]
+        push(sender, [bucket], version)
+        reader = manager._shared_weights
+        mapped = mapped if mapped is not None else reader._flat
+        assert reader._flat is mapped  # the sender's buffer, mapped by the first sync and kept
+        got = engine_weights(manager)
+        assert all(torch.equal(got[n], t) for n, t in bucket), f"version {version}: the engine kept older weights"
+        assert manager.engine.weight_version == version and not manager.engine._updating
+    assert rec.calls == [("shared", True, v) for v in (20, 21, 22)]
 
 
 def test_without_a_session_each_bucket_is_sent_at_once_and_the_driver_opens_and_closes(manager, no_ray):
@@ -104,7 +125,7 @@ def test_without_a_session_each_bucket_is_sent_at_once_and_the_driver_opens_and_
     sender = ws.InProcessTargets(manager=rec, node_id="node-a").open_sender()
     manager.begin_weight_update()
     push(sender, new_weights(manager, 3), version=9)
-    assert rec.calls == [("handles", False, None)] * 3
+    assert rec.calls == [("shared", False, None)] * 3
     manager.end_weight_update(9)
     assert manager.engine.weight_version == 9
 

@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -440,7 +441,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
-    torch.set_num_threads(1)
+    # A standalone server (an OPD teacher, a stand-in for SGLang) knows nothing of what else runs on the
+    # machine: one torch thread unless OMP_NUM_THREADS says otherwise (torch's own default, every core,
+    # would oversubscribe the run beside it). Ray runs set OMP_NUM_THREADS=1 for every actor's children.
+    threads = os.environ.get("OMP_NUM_THREADS") or "1"
+    if not threads.isdigit() or int(threads) < 1:
+        print(f"OMP_NUM_THREADS={threads!r}: the engine server's torch threads must be a positive integer.", file=sys.stderr)
+        sys.exit(2)
+    torch.set_num_threads(int(threads))
     server = EngineServer(
         BuiltinEngine(args.model, device=args.device, max_batch_size=args.max_batch_size, seed=args.seed),
         host=args.host, port=args.port, tp_size=args.tp_size,

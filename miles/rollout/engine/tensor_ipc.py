@@ -28,11 +28,19 @@ SGLang engine loads the same payload (tests/sglang_backend/test_sglang_cpu_serve
     body = {"serialized_named_tensors": [serialize_bucket(views)], "load_format": None}
     # engine side:
     named = deserialize_payload(body["serialized_named_tensors"][0])   # [(name, tensor)], mapped
+
+Between two processes of this project that both outlive a sync (a trainer rank and the rollout manager
+on one node), `shared_bucket(flat, views)` describes a bucket in a buffer the sender keeps by the
+segment's name and each tensor's place in it, and the receiver's `SharedBucketReader` maps that segment
+once and keeps its views: a later sync sends the same few hundred bytes, and nothing is pickled by
+handle, mapped or unmapped again. The views alias the sender's buffer, so each sync's copy into the
+buffer is what the receiver reads.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import pickle
 from multiprocessing.reduction import ForkingPickler
@@ -162,3 +170,61 @@ def deserialize_payload(text: str | bytes) -> Any:
     """The object `serialize_bucket` wrote, its tensors mapped from their handles (validating base64)."""
     data = base64.b64decode(text, validate=True)
     return TensorPayloadUnpickler(io.BytesIO(data)).load()
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedBucket:
+    """A bucket inside a CPU shared-memory segment its sender keeps: torch's `file_system` names of the
+    segment (`manager`, `handle`, `size`, as `UntypedStorage._share_filename_cpu_` gives them) and per
+    tensor (name, dtype, shape, byte offset)."""
+
+    manager: bytes
+    handle: bytes
+    size: int
+    entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
+
+
+def shared_bucket(flat: torch.Tensor, views: list[tuple[str, torch.Tensor]]) -> SharedBucket:
+    """Describe `views` (from `flatten_bucket`) by their places in `flat`, a CPU shared-memory buffer."""
+    storage = flat.untyped_storage()
+    if storage.device.type != "cpu":
+        raise RuntimeError("a shared bucket lives in CPU shared memory; a CUDA bucket travels as IPC handles (serialize_bucket)")
+    manager, handle, size = storage._share_filename_cpu_()
+    base = flat.data_ptr()
+    entries = tuple(
+        (name, str(v.dtype).removeprefix("torch."), tuple(v.shape), v.data_ptr() - base) for name, v in views
+    )
+    return SharedBucket(manager, handle, size, entries)
+
+
+class SharedBucketReader:
+    """The receiving end of `SharedBucket`s: maps the sender's segment once (again only when the sender
+    moves to another, e.g. a larger one) and keeps one list of views per bucket layout."""
+
+    def __init__(self) -> None:
+        self._handle: bytes | None = None
+        self._flat: torch.Tensor | None = None
+        self._views: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
+
+    def views(self, bucket: SharedBucket) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) pairs reading the segment's current contents (aliases, not copies)."""
+        if bucket.handle != self._handle:
+            self.release()
+            storage = torch.UntypedStorage._new_shared_filename_cpu(bucket.manager, bucket.handle, bucket.size)
+            self._flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (bucket.size,), (1,))
+            self._handle = bucket.handle
+        views = self._views.get(bucket.entries)
+        if views is None:
+            views = []
+            for name, dtype, shape, offset in bucket.entries:
+                dt = getattr(torch, dtype)
+                n = dt.itemsize
+                for d in shape:
+                    n *= d
+                views.append((name, self._flat[offset : offset + n].view(dt).view(shape)))
+            self._views[bucket.entries] = views
+        return views
+
+    def release(self) -> None:
+        """Unmap the segment (the sender's copy keeps it alive for the sender)."""
+        self._handle, self._flat, self._views = None, None, {}
