@@ -22,7 +22,8 @@ the source a CUDA IPC handle to its own copy and each engine TP rank opens the o
 `in_process`: each bucket goes from the source rank to the manager (worker -> manager, never via the
 driver), one bucket in flight at a time (--update-weight-buffer-size bounds its memory): on one node as
 places in a shared-memory buffer the source keeps and the manager keeps mapped (`InProcessSender`),
-across nodes as a Ray object.
+sent over the manager's local socket (`BucketChannel`) rather than as a Ray call; across nodes as a
+Ray object.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ class InProcessSender(WeightSender):
 
     With `targets.session` each bucket is sent once the next one (or the end) is known, so the first
     bucket's call also pauses the engine and opens its update session and the last one's also closes it
-    at the new version: one trainer -> manager call per bucket and nothing else (the source holds at most
-    two buckets, the one sent and the next)."""
+    at the new version: one trainer -> manager message per bucket and nothing else (the source holds at
+    most two buckets, the one sent and the next). On the manager's node that message goes over its
+    `BucketChannel` when the targets name one (`address`), else as a Ray call."""
 
     def __init__(self, targets: InProcessTargets):
         if targets.manager is None:
