@@ -14,6 +14,12 @@ ratios of one pass are comparable).
     python bench/async_overlap.py                              # 500 rollouts each (the recipe's)
     python bench/async_overlap.py --num-rollout 300 --json out.json
     python bench/async_overlap.py --modes sync,train_async_rlp # a subset
+    python bench/async_overlap.py --baseline-src /tmp/base     # A/B: each mode from that checkout too
+
+`--baseline-src DIR` (a miles checkout, e.g. `git worktree add /tmp/base REV`) runs every mode from DIR
+as well, right before the same mode from this tree, so two versions meet the same load; the table then
+also gives each row's step time over the baseline's synchronous one (e.g. the overlap against the
+synchronous loop as it was before the thread policy of miles/ray/threads.py).
 
 The ratio rows (overlapped / synchronous median step time) have issue 24's goal, <= 0.6.
 """
@@ -78,7 +84,7 @@ def summarize(path: Path) -> dict:
     }
 
 
-def run(name: str, work: Path, extra: str, timeout_s: float) -> dict[str, float]:
+def run(name: str, work: Path, extra: str, timeout_s: float, src: Path = ROOT) -> dict[str, float]:
     out = work / name
     cmd = [
         sys.executable, "-m", "miles_cli.main", "full-train", "--run-id", name,
@@ -87,7 +93,8 @@ def run(name: str, work: Path, extra: str, timeout_s: float) -> dict[str, float]
     ]  # fmt: skip
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     with (work / f"{name}.log").open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        proc = subprocess.run(cmd, cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: miles full-train exited {proc.returncode}; log: {work / f'{name}.log'}")
     result = summarize(out / name / "metrics.jsonl")
@@ -103,6 +110,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, default=None, help="write the runs here instead of a deleted temporary folder")
     ap.add_argument("--timeout-s", type=float, default=3600.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--baseline-src", type=Path, default=None, help="a miles checkout whose runs of every mode go right before this tree's")
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -110,20 +118,30 @@ def main() -> int:
         ap.error(f"--modes {a.modes}: give sync and any of {', '.join(MODES)}")
     base = f"--no-colocate --num-rollout {a.num_rollout} {a.extra_args}".strip()
     results: dict[str, dict[str, float]] = {}
+    baseline: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="miles-async-") as tmp:
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for m in ["sync", *(m for m in modes if m != "sync")]:
+            if a.baseline_src is not None:
+                baseline[m] = run(f"baseline_{m}", work, f"{MODES[m][1]} {base}".strip(), a.timeout_s, src=a.baseline_src.resolve())
             results[m] = run(m, work, f"{MODES[m][1]} {base}".strip(), a.timeout_s)
     sync = results["sync"]
-    print(f"{'':38} {'median step s':>13} {'ratio':>6} {'trainer idle s':>14} {'eval 0 -> last':>15} {'gain':>6} {'s to 0.4':>9} {'staleness':>9} {'wall s':>7} {'load':>11}")
+    vs_base = f" {'/ base sync':>11}" if baseline else ""
+    print(f"{'':38} {'median step s':>13} {'ratio':>6}{vs_base} {'trainer idle s':>14} {'eval 0 -> last':>15} {'gain':>6} {'s to 0.4':>9} {'staleness':>9} {'wall s':>7} {'load':>11}")
     rows = []
-    for m, r in results.items():
-        ratio = r["median_step_s"] / sync["median_step_s"]
+    table = [(m, MODES[m][0], r) for m, r in results.items()]
+    table += [(f"baseline_{m}", f"baseline: {MODES[m][0]}", r) for m, r in baseline.items()]
+    for m, label, r in table:
+        mine = baseline["sync"] if m.startswith("baseline_") else sync
+        ratio = r["median_step_s"] / mine["median_step_s"]
+        over_base = f" {r['median_step_s'] / baseline['sync']['median_step_s']:>11.2f}" if baseline else ""
         print(
-            f"{MODES[m][0]:38} {r['median_step_s']:>13.3f} {ratio:>6.2f} {r['median_trainer_idle_s']:>14.3f} {r['eval_before']:>6.3f} -> {r['eval_after']:.3f} "
+            f"{label:38} {r['median_step_s']:>13.3f} {ratio:>6.2f}{over_base} {r['median_trainer_idle_s']:>14.3f} {r['eval_before']:>6.3f} -> {r['eval_after']:.3f} "
             f"{r['gain']:>+6.3f} {r['seconds_to_0.4']:>9.1f} {r['staleness_mean']:>9.2f} {r['wall_s']:>7.0f} {r['load_start']:>5.1f}-{r['load_end']:<5.1f}"
         )
+        if m.startswith("baseline_"):
+            continue
         if m == "sync":
             rows.append({"what": "synchronous: held-out gain (same rollouts)", "value": r["gain"], "unit": "accuracy", "goal": None, "met": None})
             rows.append({"what": "synchronous: seconds to held-out 0.4", "value": r["seconds_to_0.4"], "unit": "s", "goal": None, "met": None})
@@ -133,13 +151,14 @@ def main() -> int:
         rows.append({"what": f"{label}: held-out gain", "value": r["gain"], "unit": "accuracy", "goal": ">= 0.2", "met": r["gain"] >= 0.2})
         rows.append({"what": f"{label}: seconds to held-out 0.4", "value": r["seconds_to_0.4"], "unit": "s", "goal": None, "met": None})
     print(f"\n{'phases (median s)':38} {'generate':>9} {'train':>9} {'sync':>9}   (overlapped, generate and train run at once)")
-    for m, r in results.items():
-        print(f"{MODES[m][0]:38} " + " ".join(f"{r[f'median_{k}_s']:>9.3f}" for k in PHASES))
+    for m, label, r in table:
+        print(f"{label:38} " + " ".join(f"{r[f'median_{k}_s']:>9.3f}" for k in PHASES))
     for row in rows:
         if row["goal"]:
             print(f"{row['what']}: {row['value']:.3f} (goal {row['goal']}: {'met' if row['met'] else 'NOT met'})")
     if a.json:
-        a.json.write_text(json.dumps({"bench": "async_overlap", **results, "rows": rows}, indent=2))
+        extra = {"baseline": baseline} if baseline else {}
+        a.json.write_text(json.dumps({"bench": "async_overlap", **results, **extra, "rows": rows}, indent=2))
     return 0
 
 

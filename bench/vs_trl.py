@@ -13,8 +13,9 @@ the recipe's RL settings: 32 prompts x 8 samples x at most 4 new tokens per step
 lr 3e-4 constant, AdamW (0.9, 0.95, eps 1e-8, no weight decay), grad-norm clip 1.0, PPO clip 0.2,
 no KL, group-normalised advantages (mean and std), one optimizer step per rollout, the loss averaged
 per sample then over samples (TRL `loss_type="grpo"`), exact-match reward on the decoded answer,
-greedy eval of the held-out split every `--eval-interval` steps (and before the first). miles pins one
-torch thread per process (its trainer and engine are two processes). TRL runs at each setting of
+greedy eval of the held-out split every `--eval-interval` steps (and before the first). miles' trainer
+and engine are two processes; in the synchronous loop they take turns, and each uses every core while
+it computes (miles/ray/threads.py). TRL runs at each setting of
 `--trl-threads`: by default first at its own default (torch's thread count, every core: its strongest
 setting on an idle machine, and the one the ratios are taken against), then at one thread (its steadiest on
 a busy machine), reported too. Settings that cannot be made identical are listed in docs/benchmarks.md.
