@@ -17,7 +17,9 @@ last row is the real run's launch to the end of step 1, eval excluded, measured 
 measures it. TRL's side of the same start is one process: `import torch, transformers` and the
 model's `from_pretrained` (plus `import trl` when the bench extra is installed), timed the same way.
 Every phase row is seconds and the load average it ran at; nothing is a ratio against a goal here
-(the goal, start-up <= 1x TRL's, is bench/vs_trl.py's row).
+(the goals, start-up <= 1x TRL's and peak RSS <= 2x, are bench/vs_trl.py's rows). The real run also
+gives its memory: the peak RSS of its process tree (summed as bench/vs_trl.py sums it) and each
+process's own peak by role (driver, each actor, each of Ray's processes).
 """
 
 from __future__ import annotations
@@ -46,16 +48,16 @@ cfg = resolve(build_config(dict(tiny_qwen3.plan(opts).engine), environ={}))
 PHASES: dict[str, str] = {
     "import ray (the driver and every actor process)": "import time; t = time.perf_counter(); import ray; print(time.perf_counter() - t)",
     "ray.init: a private local node": textwrap.dedent("""
-        import time, ray
+        import time, types, ray
+        from miles.ray.cluster import ray_session
         t = time.perf_counter()
-        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-        t1 = time.perf_counter()
-        @ray.remote
-        class Empty:
-            def ping(self): return 1
-        ray.get(Empty.options(num_cpus=0.5).remote().ping.remote())
-        print(t1 - t, time.perf_counter() - t1)
+        with ray_session(types.SimpleNamespace(cluster=types.SimpleNamespace(ray_address=None)), {}, num_cpus=2):  # as a run starts it
+            t1 = time.perf_counter()
+            @ray.remote
+            class Empty:
+                def ping(self): return 1
+            ray.get(Empty.options(num_cpus=0.5).remote().ping.remote())
+            print(t1 - t, time.perf_counter() - t1)
     """),
     "import torch": "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)",
     "import Hugging Face's Qwen3 model code (after torch)": textwrap.dedent("""
@@ -108,18 +110,82 @@ def run_phase(snippet: str, work: Path, sft_steps: int) -> tuple[float, list[flo
     return whole, [float(x) for x in r.stdout.strip().splitlines()[-1].split()]
 
 
-def real_start(work: Path, sft_steps: int) -> float:
-    """Launch of `miles full-train --num-rollout 1` (prepared) to the end of step 1, the eval before it excluded."""
+def _role(proc) -> str:
+    """What a process of the run's tree is: the driver, an actor (`ray::Class`), or one of Ray's own."""
+    cmd = proc.cmdline() or ["?"]
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split(".")[0]  # ray::TrainWorkerActor.train -> the actor, whatever it runs now
+    line = " ".join(cmd)
+    for marker, name in (("log_monitor.py", "Ray log monitor"), ("autoscaler", "Ray autoscaler monitor"),
+                         ("dashboard.py", "Ray dashboard"), ("gcs_server", "Ray GCS"), ("raylet", "Ray raylet"),
+                         ("runtime_env/agent/main.py", "ray::RuntimeEnvAgent"), ("dashboard/agent.py", "ray::DashboardAgent"),
+                         ("torch_shm_manager", "torch_shm_manager"), ("miles_cli", "driver")):
+        if marker in line:
+            return name
+    return line[:40]
+
+
+class TreeRss:
+    """Samples the RSS of a process and its descendants every 0.2 s: the peak of their sum (what
+    bench/vs_trl.py reports) and each process's own peak, by role."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        import psutil
+
+        self._root, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self._by_pid: dict[int, tuple[str, int]] = {}  # pid -> (its latest role: workers rename themselves, its peak)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    rss, role = p.memory_info().rss, _role(p)
+                except psutil.Error:
+                    continue
+                total += rss
+                self._by_pid[p.pid] = (role, max(self._by_pid.get(p.pid, ("", 0))[1], rss))
+            self.peak = max(self.peak, total)
+
+    @property
+    def by_role(self) -> dict[str, int]:
+        """Each role's peak RSS (the largest of its processes, e.g. of two training ranks)."""
+        out: dict[str, int] = {}
+        for role, peak in self._by_pid.values():
+            out[role] = max(out.get(role, 0), peak)
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def real_start(work: Path, sft_steps: int) -> tuple[float, TreeRss]:
+    """Launch of `miles full-train --num-rollout 1` (prepared) to the end of step 1, the eval before it
+    excluded; and the run's memory (the peak RSS of its process tree, and of each process)."""
     name = "startup-real"
     cmd = [sys.executable, "-m", "miles_cli.main", "full-train", "--output-dir", str(work / "runs"), "--model-dir", str(work / "models"),
            "--data-dir", str(work / "data"), "--run-id", name, "--sft-steps", str(sft_steps), "--extra-args", "--num-rollout 1"]
     launched = time.time()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    if r.returncode != 0:
-        raise RuntimeError(f"miles full-train failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rss = TreeRss(proc.pid)
+    out, _ = proc.communicate(timeout=1200)
+    rss.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"miles full-train failed:\n{out[-4000:]}")
     rows = [json.loads(x) for x in (work / "runs" / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
     eval0 = sum(x.get("perf/eval_time", 0.0) for x in rows if x["step"] == 0)
-    return min(x["time"] for x in rows if x["step"] == 1 and "perf/step_time" in x) - launched - eval0
+    return min(x["time"] for x in rows if x["step"] == 1 and "perf/step_time" in x) - launched - eval0, rss
 
 
 def prepare(work: Path, sft_steps: int) -> None:
@@ -154,7 +220,7 @@ def main() -> int:
                 loads[name].append(load())
                 whole, parts = run_phase(snippet, work, sft_steps)
                 got[name].append([whole, *parts])
-        real = None if a.no_real_run else (load(), real_start(work, sft_steps), load())
+        real = None if a.no_real_run else (load(), *real_start(work, sft_steps), load())
     rows: list[dict] = []
     print(f"\n{'phase (each alone, fresh processes)':66} {'seconds':>8} {'process':>8} {'load':>5}")
     for name in PHASES:
@@ -169,9 +235,15 @@ def main() -> int:
             rows.append({"what": f"start-up: {what}", "value": value, "unit": "s", "goal": "", "met": None,
                          "process_s": whole, "load": statistics.median(loads[name])})
     if real is not None:
-        print(f"{'real run: launch to the end of step 1 (eval excluded)':66} {real[1]:8.2f} {'':8} {real[0]:5.1f}")
-        rows.append({"what": "start-up: real run, launch to the end of step 1", "value": real[1], "unit": "s", "goal": "", "met": None,
-                     "load": real[0], "load_end": real[2]})
+        at, seconds, rss, end = real
+        print(f"{'real run: launch to the end of step 1 (eval excluded)':66} {seconds:8.2f} {'':8} {at:5.1f}")
+        rows.append({"what": "start-up: real run, launch to the end of step 1", "value": seconds, "unit": "s", "goal": "", "met": None,
+                     "load": at, "load_end": end})
+        print(f"\nreal run: peak RSS of the process tree {rss.peak / 1e9:.2f} GB; each process's own peak (MB):")
+        for role, peak in sorted(rss.by_role.items(), key=lambda kv: -kv[1]):
+            print(f"  {role:64} {peak / 1e6:8.0f}")
+        rows.append({"what": "start-up: real run, peak RSS of the process tree", "value": rss.peak / 1e9, "unit": "GB", "goal": "",
+                     "met": None, "load": at, "by_process_mb": {k: round(v / 1e6) for k, v in rss.by_role.items()}})
     if a.json:
         a.json.write_text(json.dumps({"bench": "startup", "rows": rows}, indent=2))
     return 0

@@ -38,7 +38,7 @@ from miles.config.reward import split_rm_type
 from miles.errors import UserError
 from miles.ray.device import pick_device
 from miles.ray.engine_factory import make_engine
-from miles.ray.weight_sync import InProcessTargets, current_node_id
+from miles.ray.weight_sync import BucketChannel, InProcessTargets, current_node_id
 from miles.rollout.data_source import PromptDataset, RolloutDataSource
 from miles.rollout.engine.base import SamplingParams
 from miles.rollout.engine.tensor_ipc import SharedBucket, SharedBucketReader
@@ -169,6 +169,7 @@ class RolloutManager:
         self._loop: asyncio.AbstractEventLoop | None = None  # the rollouts' and evals' event loop (`_run`)
         self._async_worker = None  # --fully-async: miles.ray.fully_async.AsyncRolloutWorker
         self._shared_weights = None  # the in-process sync's SharedBucketReader (its segment stays mapped)
+        self._bucket_channel = None  # its BucketChannel: trainer ranks on this node send buckets without Ray
         self.teacher = None  # --use-opd --opd-type sglang: the teacher engine scores every rollout's samples
         o = cfg.opd
         if train_data and o.use_opd and o.opd_type == "sglang":
@@ -486,7 +487,10 @@ class RolloutManager:
         if not hasattr(self.engine, "weight_targets"):  # the in-process engine takes tensors
             self.engine.pause_generation()
             self.engine.begin_weight_update()
-            return InProcessTargets(node_id=current_node_id())
+            node = current_node_id()
+            if node and self._bucket_channel is None:  # a Ray actor: trainer ranks on this node may use it
+                self._bucket_channel = BucketChannel(self.load_weight_bucket)
+            return InProcessTargets(node_id=node, address=self._bucket_channel.address if self._bucket_channel else "")
         self.engine.begin_weight_update()
         r = self.cfg.rollout
         tp = engine_tp_size(self.cfg)
@@ -561,6 +565,8 @@ class RolloutManager:
         """Stop engine servers and the router (no-op for the in-process engine)."""
         if self._async_worker is not None:
             self._async_worker.stop()
+        if self._bucket_channel is not None:
+            self._bucket_channel.close()
         self.engine.shutdown()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.run_until_complete(self._loop.shutdown_default_executor())

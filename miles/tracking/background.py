@@ -13,7 +13,7 @@ and the thread first calls `open_sink()` (MLflow's imports, its store and run, ~
 CPU the driver used to spend before the first step, while the actors still set up on the same cores),
 then writes what was logged meanwhile. An error while opening is kept and raised, unchanged, by
 `raise_if_open_failed()` (the `Tracker` calls it on every `log`, so a bad `--mlflow-run-id` still ends
-the run with its own message) and by `close`; attributes of the wrapped sink wait for the open.
+the run with its own message) and is `open_error`; attributes of the wrapped sink wait for the open.
 
     sink = BackgroundSink(MlflowSink(...), on_error=lambda step: ...)
     sink = BackgroundSink.opening("mlflow", lambda: MlflowSink(...), on_error=...)   # or opened here
@@ -139,4 +139,5 @@ class BackgroundSink:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout=5)
-        self.sink.close(status)  # raises what opening it raised, if it failed
+        if self.open_error is None:  # one that never opened has nothing to close (the Tracker reports why)
+            self._sink.close(status)

@@ -22,9 +22,12 @@ by any other exception as FAILED. Without `with`, call `finish(status)` yourself
 Failure policy: the JSONL file is the record of the run, so an error writing it propagates. An error
 in another sink's `log` (an MLflow server that went away) is logged with its traceback the first
 time, counted in `sink_errors`, and the run goes on (`strict=True` makes it propagate, for tests).
-MLflow's sink is opened and written on a thread of its own (`miles.tracking.background`; not with
-`strict=True`): the constructor and `log` return at once, an error while opening it (a bad
-`--mlflow-run-id`) is raised by the next `log`, and `finish` waits until the store has every record.
+MLflow's writes run on a thread of their own (`miles.tracking.background`; not with `strict=True`):
+`log` returns at once and `finish` waits until the store has every record. With the default store
+(the run's own sqlite file, no `--mlflow-run-id`) the sink is also opened on that thread (MLflow's
+imports, the store, the run and its params: seconds of CPU the driver no longer spends before the
+first step); an error while opening it is raised by the next `log` (or by `finish`). A store or run
+the user named is opened in the constructor, so a wrong one stops the run before it trains.
 `finish` closes every sink even when one fails to close, then reports the failures with a warning
 and returns them. This module decides nothing about *what* is logged: see metric_names.py.
 """
@@ -109,10 +112,16 @@ class Tracker:
             if cfg.use_mlflow:
                 from miles.tracking.mlflow_sink import MlflowSink
 
+                from miles.tracking.background import BackgroundSink
+
                 if strict:  # opened here, and its errors raise in log()
                     self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step)
-                else:  # opened and written on a thread: its imports, store, run and params off the run's path
-                    from miles.tracking.background import BackgroundSink
+                elif cfg.mlflow_run_id or cfg.mlflow_tracking_uri:
+                    # A store or run the user named: checked here, so a wrong one stops the run before it trains.
+                    self.mlflow = BackgroundSink(
+                        MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step),
+                        on_error=self._sink_failed)
+                else:  # the run's own sqlite file: opened and written on a thread (imports, store, run, params)
                     from miles.tracking.keys import flatten_params
 
                     flat = flatten_params(params)  # here: the thread never reads a config the driver holds
@@ -214,8 +223,12 @@ class Tracker:
             log.warning("metrics sink %s failed %d time(s) during the run; its record is incomplete", name, count)
         for sink in self.sinks:
             failed = getattr(sink, "open_error", None)  # a background sink that never opened (a bad --mlflow-run-id)
-            if failed is not None and status == "FINISHED":
+            if failed is None:
+                continue
+            if status == "FINISHED":
                 raise failed  # a run that otherwise went well still ends with the sink's own error
+            errors[sink.name] = failed
+            log.warning("metrics sink %s never opened: %s: %s", sink.name, type(failed).__name__, failed)
         return errors
 
     def __enter__(self) -> Tracker:

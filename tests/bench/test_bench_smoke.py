@@ -116,12 +116,25 @@ def test_vs_trl(tmp_path):
     assert by["built-in engine vs HF generate, the rollout's batch, generation alone"]["value"] > 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is not None, reason="checks the message shown when the bench extra is missing")
-def test_vs_trl_without_the_bench_extra_says_how_to_install_it(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--tiny"], cwd=tmp_path, env=ENV,
+# The bench extra hidden from the script as if it were not installed (a None in sys.modules is what
+# importlib.util.find_spec reports as missing), so this runs whether or not this venv has it.
+_WITHOUT = """
+import runpy, sys
+for name in sys.argv[1].split(","):
+    if name:
+        sys.modules[name] = None
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("hidden", ["trl,datasets", "datasets"])
+def test_vs_trl_without_the_bench_extra_says_how_to_install_it(tmp_path, hidden):
+    r = subprocess.run([sys.executable, "-c", _WITHOUT, hidden, str(ROOT / "bench" / "vs_trl.py"), "--tiny"], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert 'pip install -e ".[bench]"' in r.stderr and "Traceback" not in r.stderr
+    assert all(name in r.stderr for name in hidden.split(","))  # names what is missing
     assert not list(tmp_path.iterdir())  # refused before preparing anything
 
 

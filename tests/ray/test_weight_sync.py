@@ -120,6 +120,31 @@ def test_sync_after_sync_the_manager_reads_the_new_weights_through_the_segment_i
     assert rec.calls == [("shared", True, v) for v in (20, 21, 22)]
 
 
+def test_over_the_managers_channel_buckets_skip_ray_and_every_sync_lands_at_its_version(manager, no_ray, monkeypatch):
+    import miles.ray.rollout_manager as rm
+
+    monkeypatch.setattr(rm, "current_node_id", lambda: "node-a")  # as in a Ray actor
+    targets = manager.begin_weight_update()  # the first sync: the manager names its channel
+    manager.end_weight_update(manager.engine.weight_version)
+    assert targets.address.startswith("\0miles-weights-")
+    rec = Recorder(manager)
+    sender = ws.InProcessTargets(manager=rec, node_id="node-a", session=True, address=targets.address).open_sender()
+    for version, seed in enumerate((31, 32), start=40):
+        buckets = new_weights(manager, seed)
+        push(sender, buckets, version)
+        got = engine_weights(manager)
+        assert all(torch.equal(got[n], t) for b in buckets for n, t in b), f"version {version}: older weights"
+        assert manager.engine.weight_version == version and not manager.engine._updating and not manager.engine._paused
+    assert rec.calls == []  # no Ray call: every bucket went over the socket
+    # An error in the manager comes back to the sender, naming it.
+    sender.begin(42)
+    sender.send_bucket([("model.not_a_weight", torch.zeros(2))], 42)
+    with pytest.raises(RuntimeError, match="not_a_weight"):
+        sender.finish(42)
+    manager.end_weight_update(41)  # the failed session, ended as the driver's recovery would
+    sender.close()
+
+
 def test_without_a_session_each_bucket_is_sent_at_once_and_the_driver_opens_and_closes(manager, no_ray):
     rec = Recorder(manager)
     sender = ws.InProcessTargets(manager=rec, node_id="node-a").open_sender()

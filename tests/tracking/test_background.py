@@ -104,3 +104,24 @@ def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothin
     assert run.data.params["seed"] == "7" and run.data.params["data.rollout_batch_size"] == "32"
     history = client.get_metric_history(t.mlflow.run_id, "rollout/raw_reward")
     assert sorted((m.step, m.value) for m in history) == [(s, s / 10) for s in range(3)]
+
+
+def test_an_mlflow_sink_that_cannot_open_on_its_thread_ends_the_run_with_its_own_error(tmp_path: Path, monkeypatch):
+    import pytest
+
+    from miles.errors import UserError
+    from miles.tracking import mlflow_sink
+
+    def cannot_open(self, *args, **kwargs):
+        raise UserError("the MLflow store cannot be opened here.", option="--use-mlflow")
+
+    monkeypatch.setattr(mlflow_sink.MlflowSink, "__init__", cannot_open)
+    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=tmp_path / "a", run_id="a", params={})  # returns: the open is on the thread
+    assert isinstance(t.mlflow.open_error, UserError)  # waits for the open
+    with pytest.raises(UserError, match="cannot be opened"):  # the next log: not counted as a failed write
+        t.log({"x": 1.0}, step=1)
+    assert t.sink_errors == {}
+    t.finish("FAILED")  # the run already stopped with it: reported, not raised again
+    quiet = Tracker(TrackingConfig(use_mlflow=True), run_dir=tmp_path / "b", run_id="b", params={})
+    with pytest.raises(UserError, match="cannot be opened"):  # a run that logged nothing after it still ends with it
+        quiet.finish("FINISHED")
