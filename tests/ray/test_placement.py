@@ -92,7 +92,7 @@ class _Recorder:
             def onload(self):
                 rec.calls.append("trainer.onload")
 
-            def train(self, data_ref, rollout_id, critic_refs=None):
+            def train(self, data_ref, rollout_id, critic_refs=None, push=None):
                 rec.calls.append("trainer.train" + ("(values)" if critic_refs else ""))
                 return {"train/loss": 0.0}
 
@@ -120,7 +120,7 @@ def test_colocated_memory_order(monkeypatch):
     cfg = resolve_device(config(colocate=True, offload_train=True, offload_rollout=True), "cuda")
     fake = _Recorder()
     monkeypatch.setattr(driver, "wait", lambda refs, what, timeout=None: refs)
-    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version: (fake.calls.append("update_weights"), (0.0, {}))[1])
+    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version, pushed=False: (fake.calls.append("update_weights"), (0.0, {}))[1])
     driver._train(cfg, fake, None, 0)
     driver._sync_after_train(cfg, fake, version=1)
     assert fake.calls == ["offload", "trainer.onload", "trainer.train",
@@ -137,7 +137,7 @@ def test_colocated_memory_order_with_the_ppo_critic(monkeypatch):
                                 num_critic_only_steps=1), "cuda")
     fake = _Recorder(with_critic=True)
     monkeypatch.setattr(driver, "wait", lambda refs, what, timeout=None: refs)
-    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version: (fake.calls.append("update_weights"), (0.0, {}))[1])
+    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version, pushed=False: (fake.calls.append("update_weights"), (0.0, {}))[1])
     assert driver._train(cfg, fake, None, 0)["critic/value_loss"] == 0.0
     assert fake.calls == ["offload", "critic.onload", "critic.train", "critic.offload"]  # rollout 0: critic only
     fake.calls.clear()
@@ -153,7 +153,7 @@ def test_on_cpu_the_driver_makes_no_memory_calls(monkeypatch):
     cfg = resolve_device(config(colocate=True, offload_train=True, offload_rollout=True), "cpu")
     fake = _Recorder()
     monkeypatch.setattr(driver, "wait", lambda refs, what, timeout=None: refs)
-    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version: (fake.calls.append("update_weights"), (0.0, {}))[1])
+    monkeypatch.setattr(driver, "_update_weights", lambda cfg, cluster, version, pushed=False: (fake.calls.append("update_weights"), (0.0, {}))[1])
     driver._train(cfg, fake, None, 0)
     driver._sync_after_train(cfg, fake, version=1)
     assert fake.calls == ["trainer.train", "update_weights"]
