@@ -237,5 +237,8 @@ def check_inputs(
                 )
             _checkpoint_dir(checkpoint, "--checkpoint")
     _hooks(cfg, command)
+    from miles.ray.threads import user_thread_cap
+
+    user_thread_cap()  # a bad OMP_NUM_THREADS stops the run here, before anything is written
     if command != "eval" and cfg.tracking.use_prometheus:
         _port(cfg.tracking.prometheus_host, cfg.tracking.prometheus_port)

@@ -71,12 +71,28 @@ LOCAL_NODE_SYSTEM_CONFIG = {
 def ray_session(cfg: EngineConfig, env: dict[str, str], num_cpus: int):
     import ray
 
+    from miles.ray.threads import USER_CAP_ENV, user_thread_cap
+
     started_here = not ray.is_initialized()
     if started_here:
+        cap = user_thread_cap()
+        if not cfg.cluster.ray_address and hasattr(os, "getloadavg"):
+            from miles.ray.threads import busy_node_hint, node_cores
+
+            hint = busy_node_hint(len(node_cores()), os.getloadavg()[0], cap)
+            if hint:
+                from rich import get_console
+
+                get_console().print(hint, markup=False, highlight=False, soft_wrap=True)
         kwargs: dict[str, Any] = dict(
             include_dashboard=False,
             log_to_driver=True,
-            runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            runtime_env={
+                "env_vars": {
+                    **env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                    **({USER_CAP_ENV: str(cap)} if cap else {}),
+                }
+            },
             configure_logging=False,
         )
         # ray.init replaces the SIGTERM handler with a bare sys.exit; keep the caller's (miles.run_stop).

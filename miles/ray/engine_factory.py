@@ -13,12 +13,14 @@ are Ray actors (`RayEngineLauncher`), which is why this lives in miles.ray: mile
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Any
 
 from miles.config.engine import EngineConfig
 from miles.ray.engine_launcher import RayEngineLauncher
-from miles.ray.threads import share_of
+from miles.ray.threads import apply_share, share_of
 from miles.rollout.engine.base import RolloutEngine
 
 
@@ -77,7 +79,10 @@ def builtin_fleet(
 
     def make_actor(index: int, seed: int):
         share = shares[index] if shares else None
-        return EngineServerActor, (hf_dir,), dict(seed=seed, max_batch_size=max_batch_size, device=device, dtype=dtype, share=share)
+        return EngineServerActor, (hf_dir,), dict(
+            seed=seed, max_batch_size=max_batch_size, device=device, dtype=dtype,
+            set_threads=None if share is None else functools.partial(apply_share, share),
+        )
 
     return EngineFleet(
         RayEngineLauncher(make_actor, actor_options), num_engines=num_engines, policy=policy, ft=ft, seed=seed, log_dir=log_dir

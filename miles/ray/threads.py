@@ -22,6 +22,13 @@ counted on one node (a multi-node CPU cluster then under-uses its cores, never o
 With fewer cores than processes, each gets one thread and no pinning. A node's cores are those this
 process may run on (`os.sched_getaffinity`: a container's or `taskset`'s limit is respected).
 
+The user's `OMP_NUM_THREADS` (in the environment `miles` runs in) caps every actor's threads, the
+usual knob of any torch program: two threads per phase are 1.4-1.7x faster on cores nothing else
+uses, but when another process wants a core, libgomp's spinning barriers make them 3-50x slower
+(docs/benchmarks.md, "Threads per phase"), so on a shared machine `OMP_NUM_THREADS=1` is the
+safer setting. Ray sets every worker's own OMP_NUM_THREADS (miles makes it 1, for the libraries it
+does not size), so the driver carries the user's value to the actors as `MILES_USER_OMP_NUM_THREADS`.
+
 `share_of` and `plan` are pure; only `node_cores` and `apply` touch the process.
 """
 
@@ -29,7 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+USER_CAP_ENV = "MILES_USER_OMP_NUM_THREADS"  # the user's OMP_NUM_THREADS, carried to the actors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +109,40 @@ def plan(share: Share, cores: Sequence[int]) -> ThreadPlan:
     return ThreadPlan(each, tuple(ordered[share.index * each : (share.index + 1) * each]))
 
 
+def user_thread_cap(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user's OMP_NUM_THREADS as a cap on every actor's torch threads, or None when unset.
+    A value that is not a positive integer is a `UserError` (called before anything starts)."""
+    value = environ.get("OMP_NUM_THREADS", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        from miles.errors import UserError
+
+        raise UserError(
+            f"OMP_NUM_THREADS={value!r}: give a positive integer (the most torch threads each miles process "
+            "uses), or unset it to let miles divide the cores.",
+            option="OMP_NUM_THREADS",
+        )
+    return int(value)
+
+
+def capped(p: ThreadPlan, cap: int | None) -> ThreadPlan:
+    """`p` with at most `cap` threads (pinned cores kept: a cap narrows the threads, not the cores)."""
+    return p if cap is None or p.threads <= cap else ThreadPlan(cap, p.cores)
+
+
+def busy_node_hint(cores: int, load: float, cap: int | None) -> str | None:
+    """One line for a run starting on a busy machine (1-minute load at or above its cores) whose actors
+    would take several threads each: what that costs there, and the setting that avoids it."""
+    if cap is not None or cores < 2 or load < cores:
+        return None
+    return (
+        f"note: this machine is busy (load {load:.1f} on {cores} cores). miles gives each phase all {cores} cores, "
+        "and torch's threads slow down several-fold when other processes want them; "
+        "OMP_NUM_THREADS=1 keeps one thread per process."
+    )
+
+
 def node_cores() -> list[int]:
     """The CPU ids this process may run on."""
     if hasattr(os, "sched_getaffinity"):
@@ -143,4 +186,10 @@ def apply(p: ThreadPlan) -> ThreadPlan:
 
 def actor_threads(cfg: Any, who: Any) -> ThreadPlan:
     """The plan of the actor `who` of the run `cfg`, applied in this process."""
-    return apply(plan(share_of(cfg, who), node_cores()))
+    return apply_share(share_of(cfg, who))
+
+
+def apply_share(share: Share) -> ThreadPlan:
+    """Plan `share` on this process's node (capped by the user's OMP_NUM_THREADS) and apply it here."""
+    cap = os.environ.get(USER_CAP_ENV)
+    return apply(capped(plan(share, node_cores()), int(cap) if cap else None))

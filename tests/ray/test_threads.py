@@ -123,3 +123,67 @@ def test_a_standalone_engine_server_refuses_a_bad_omp_num_threads(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines()[-1] == "OMP_NUM_THREADS='two': the engine server's torch threads must be a positive integer."
+
+
+# -- the user's OMP_NUM_THREADS caps the policy (the usual knob; two threads collapse on a busy machine) --
+
+
+def test_the_users_omp_num_threads_caps_every_plan_and_keeps_the_pinned_cores():
+    from miles.ray.threads import capped, user_thread_cap
+
+    assert user_thread_cap({}) is None and user_thread_cap({"OMP_NUM_THREADS": ""}) is None
+    assert user_thread_cap({"OMP_NUM_THREADS": "1"}) == 1
+    assert capped(plan(Share(0, 1, pin=False), [0, 1]), 1) == ThreadPlan(1, None)
+    assert capped(plan(Share(1, 2, pin=True), [0, 1, 2, 3]), 1) == ThreadPlan(1, (2, 3))
+    assert capped(plan(Share(0, 1, pin=False), [0, 1]), 8) == ThreadPlan(2, None)  # a cap never adds threads
+    assert capped(plan(Share(0, 1, pin=False), [0, 1]), None) == ThreadPlan(2, None)
+
+
+def test_the_cap_reaches_the_actors_through_the_runs_environment(monkeypatch):
+    """ray_session gives every actor the user's value (Ray's own OMP_NUM_THREADS in a worker is 1), and
+    `apply_share` there takes it (red when either end drops it)."""
+    import ray
+
+    from miles.ray import cluster, threads
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr("miles.ray.hosting.end_hosted_actors", lambda: [])
+    monkeypatch.setattr(cluster, "_reap", lambda pids: None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with cluster.ray_session(config(), {}, 2):
+        pass
+    env = seen["runtime_env"]["env_vars"]
+    assert env[threads.USER_CAP_ENV] == "1" and env["OMP_NUM_THREADS"] == "1"
+    applied = []
+    monkeypatch.setattr(threads, "apply", lambda p: applied.append(p) or p)
+    monkeypatch.setattr(threads, "node_cores", lambda: [0, 1])
+    monkeypatch.setenv(threads.USER_CAP_ENV, env[threads.USER_CAP_ENV])
+    assert threads.apply_share(Share(0, 1, pin=False)) == ThreadPlan(1, None)
+    monkeypatch.delenv(threads.USER_CAP_ENV)
+    assert threads.apply_share(Share(0, 1, pin=False)) == ThreadPlan(2, None)
+
+
+def test_a_busy_machine_gets_one_line_naming_the_setting():
+    from miles.ray.threads import busy_node_hint
+
+    assert busy_node_hint(2, 0.8, None) is None  # idle
+    assert busy_node_hint(2, 3.0, 1) is None  # the user already capped it
+    assert busy_node_hint(1, 9.0, None) is None  # one core: one thread anyway
+    line = busy_node_hint(2, 3.04, None)
+    assert "load 3.0 on 2 cores" in line and "OMP_NUM_THREADS=1" in line
+
+
+def test_a_bad_omp_num_threads_stops_a_run_before_anything_starts(tmp_path):
+    """`miles full-train` with OMP_NUM_THREADS=two: exit 2, one sentence naming it, nothing written."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "two", "COLUMNS": "400", "NO_COLOR": "1"}
+    p = subprocess.run([sys.executable, "-m", "miles_cli.main", "full-train"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-1500:]
+    assert "OMP_NUM_THREADS='two': give a positive integer" in p.stderr and "Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -72,18 +72,18 @@ class EngineServerActor:
     """One `BuiltinEngine` served over HTTP on 127.0.0.1 (a free port), in the process hosting it (a Ray
     actor, by miles.ray.engine_launcher)."""
 
-    def __init__(self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, share: Any = None, dtype: str = "float32"):
+    def __init__(
+        self, hf_dir: str, *, max_batch_size: int, seed: int, device: str, set_threads: Any = None, dtype: str = "float32"
+    ):
         import torch
 
         from miles.rollout.engine.builtin import BuiltinEngine
         from miles.rollout.engine.server import EngineServer
 
-        if share is None:  # no run's layout (a fleet built by hand): one thread
+        if set_threads is None:  # no run's layout (a fleet built by hand): one thread
             torch.set_num_threads(1)
-        else:  # `miles.ray.threads.Share`: this server's cores on its node among what generates (or trains) at once
-            from miles.ray.threads import apply, node_cores, plan
-
-            apply(plan(share, node_cores()))
+        else:  # the launcher's thread policy (miles.ray.threads): this server's share of its node's cores
+            set_threads()
         self.server = EngineServer(BuiltinEngine(hf_dir, device=device, dtype=dtype, max_batch_size=max_batch_size, seed=seed))
         self.server.start()
 
