@@ -393,13 +393,14 @@ class BuiltinEngine(RolloutEngine):
             if batch is not None and (abort_all or rids):
                 with self._model_lock:
                     finished += batch.abort(lambda row: _aborted(row, below, rids))
-            self._resolve(finished)
             if not admit and (batch is None or batch.n_live == 0):
                 batch = None
-                with self._cond:
+                with self._cond:  # idle before the answers go out: a caller told "aborted" sees load 0
                     self._running = 0
                     self._cond.notify_all()
+                self._resolve(finished)
                 continue
+            self._resolve(finished)
             start = time.perf_counter()
             try:
                 with self._model_lock:
@@ -438,12 +439,14 @@ class BuiltinEngine(RolloutEngine):
             batch.original_logprob = self.return_original_logprob
         if admit:
             batch.admit(admit)
-        self._resolve(batch.sample())
+        finished = batch.sample()
         if batch.n_live == 0:
-            with self._cond:
+            with self._cond:  # idle before the answers go out (as above)
                 self._running = 0
                 self._cond.notify_all()
+            self._resolve(finished)
             return None
+        self._resolve(finished)
         batch.decode()
         return batch
 
@@ -471,13 +474,14 @@ class BuiltinEngine(RolloutEngine):
             if self._finished(row):
                 batch.live[j] = False
                 finished.append(row)
-        self._resolve(finished)
         n_live = sum(batch.live)
         if n_live == 0:
-            with self._cond:
+            with self._cond:  # idle before the answers go out (as in _run)
                 self._running = 0
                 self._cond.notify_all()
+            self._resolve(finished)
             return None
+        self._resolve(finished)
         n_dead = len(batch) - n_live
         if n_dead >= _COMPACT_FRACTION * len(batch):
             batch.select([j for j, alive in enumerate(batch.live) if alive])
