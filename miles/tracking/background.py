@@ -59,7 +59,7 @@ class BackgroundSink:
     @property
     def sink(self) -> Any:
         """The wrapped sink, once open (waits for it; raises what opening it raised)."""
-        self._opened.wait()
+        self._wait_opened()
         self.raise_if_open_failed()
         return self._sink
 
@@ -71,8 +71,12 @@ class BackgroundSink:
     @property
     def open_error(self) -> BaseException | None:
         """What opening the sink raised (None: it opened, or it was given open); waits for the open."""
-        self._opened.wait()
+        self._wait_opened()
         return self._open_error
+
+    def _wait_opened(self) -> None:
+        if not self._opened.wait(self._flush_timeout_s):
+            raise TimeoutError(f"the {self.name} sink did not open within {self._flush_timeout_s:.0f} s (its store or run)")
 
     def __getattr__(self, name: str) -> Any:  # run_id, tracking_uri, ... of the wrapped sink
         if name.startswith("_"):
