@@ -165,9 +165,11 @@ class TreeRss:
             out[role] = max(out.get(role, 0), peak)
         return out
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Stop sampling; the tree's peak RSS."""
         self._stop.set()
         self._thread.join(timeout=5)
+        return self.peak
 
 
 def real_start(work: Path, sft_steps: int) -> tuple[float, TreeRss]:

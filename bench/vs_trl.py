@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,36 +72,8 @@ def prepared_inputs(work: Path, seed: int, sft_steps: int) -> dict:
     return plan.engine
 
 
-class TreeRss:
-    """Samples the summed RSS of a process and all its descendants every 0.2 s; `.peak` is the maximum."""
-
-    def __init__(self, pid: int):
-        import psutil
-
-        self._root, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.wait(0.2):
-            try:
-                procs = [self._root, *self._root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-            self.peak = max(self.peak, total)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return self.peak
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench scripts run as files, not a package
+from startup import TreeRss  # noqa: E402 - the process tree's peak RSS, sampled as bench/startup.py does
 
 
 def launch(cmd: list[str], log: Path, timeout_s: float, env: dict | None = None) -> tuple[float, float, int]:
