@@ -124,14 +124,17 @@ class ManagerProcess:
         import base64
         import pickle
 
-        from miles.rollout.engine.tensor_ipc import flatten_bucket, serialize_bucket, shared_bucket
+        from miles.rollout.engine.tensor_ipc import SharedSegment, bucket_nbytes, flatten_bucket, serialize_bucket, shared_bucket
 
         self.ask("begin")
         for b in buckets:
-            sender_buffer[0], views = flatten_bucket(b, sender_buffer[0])
-            if kept:
+            if kept:  # as `InProcessSender`: a memfd segment, grown to the largest bucket
+                if sender_buffer[0] is None or sender_buffer[0].size < bucket_nbytes(b):
+                    sender_buffer[0] = SharedSegment(bucket_nbytes(b))
+                _, views = flatten_bucket(b, sender_buffer[0].flat)
                 self.ask("shared " + base64.b64encode(pickle.dumps(shared_bucket(sender_buffer[0], views))).decode())
             else:
+                sender_buffer[0], views = flatten_bucket(b, sender_buffer[0])
                 self.ask("handles " + serialize_bucket(views))
         self.ask("end")
 

@@ -77,11 +77,11 @@ def current_node_id() -> str:
 class InProcessSender(WeightSender):
     """Buckets to the rollout manager's in-process engine.
 
-    On the manager's own node (every local run) each bucket is copied once into a shared-memory buffer
-    this sender keeps and reuses, and the manager gets where each tensor lies in it (a `SharedBucket`,
-    `miles.rollout.engine.tensor_ipc`): it maps the segment once for the run, keeps its views and
-    copies from them into its parameters. Sent as
-    tensors, a 0.5 MB bucket through Ray's object store took ~15 ms (pickling each torch tensor, a
+    On the manager's own node (every local run) each bucket is copied once into a shared-memory
+    segment this sender keeps and reuses (a `SharedSegment`, a memfd: no `torch_shm_manager` runs), and
+    the manager gets where each tensor lies in it (a `SharedBucket`, `miles.rollout.engine.tensor_ipc`):
+    it maps the segment once for the run, keeps its views and copies from them into its parameters.
+    Sent as tensors, a 0.5 MB bucket through Ray's object store took ~15 ms (pickling each torch tensor, a
     plasma put and get) against ~1.5 ms for a call with a small argument. On another node the bucket
     goes as tensors through the object store.
 
@@ -96,7 +96,7 @@ class InProcessSender(WeightSender):
             raise ValueError("in-process weight targets need the rollout manager's handle")
         self.targets = targets
         self.by_handle = bool(targets.node_id) and targets.node_id == current_node_id()
-        self._buffer = None  # the shared-memory segment, grown to the largest bucket
+        self._segment = None  # the SharedSegment (a memfd), grown to the largest bucket
         self._held: list | None = None  # session: the bucket waiting for the next one (or the end)
         self._opened = False
         self._channel: socket.socket | None = None  # to the manager's BucketChannel, kept across syncs
@@ -123,12 +123,15 @@ class InProcessSender(WeightSender):
 
         bucket = [(name, t.detach().cpu()) for name, t in bucket]
         if self.by_handle:
-            from miles.rollout.engine.tensor_ipc import flatten_bucket, shared_bucket
+            from miles.rollout.engine.tensor_ipc import SharedSegment, bucket_nbytes, flatten_bucket, shared_bucket
 
-            # The manager maps this buffer once and keeps its views (SharedBucketReader): a sync sends
-            # only where each tensor lies, and the copy into the buffer is what the engine then reads.
-            self._buffer, views = flatten_bucket(bucket, self._buffer)
-            bucket = shared_bucket(self._buffer, views)
+            # The manager maps this segment once and keeps its views (SharedBucketReader): a sync sends
+            # only where each tensor lies, and the copy into the segment is what the engine then reads.
+            need = bucket_nbytes(bucket)
+            if self._segment is None or self._segment.size < need:
+                self._segment = SharedSegment(need)
+            _, views = flatten_bucket(bucket, self._segment.flat)
+            bucket = shared_bucket(self._segment, views)
             if self.targets.address:
                 self._send_local(bucket, opens, closes_at)
                 return
@@ -147,7 +150,7 @@ class InProcessSender(WeightSender):
             raise RuntimeError(f"the rollout manager could not load a weight bucket: {error}")
 
     def close(self) -> None:
-        self._buffer, self._held = None, None
+        self._segment, self._held = None, None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -161,14 +164,14 @@ class InProcessSender(WeightSender):
 
 
 def _bucket_json(bucket) -> dict:
-    return {"manager": bucket.manager.hex(), "handle": bucket.handle.hex(), "size": bucket.size, "entries": bucket.entries}
+    return {"path": bucket.path, "name": bucket.name, "size": bucket.size, "entries": bucket.entries}
 
 
 def _bucket_from_json(d: dict):
     from miles.rollout.engine.tensor_ipc import SharedBucket
 
     entries = tuple((name, dtype, tuple(shape), int(offset)) for name, dtype, shape, offset in d["entries"])
-    return SharedBucket(bytes.fromhex(d["manager"]), bytes.fromhex(d["handle"]), int(d["size"]), entries)
+    return SharedBucket(str(d["path"]), str(d["name"]), int(d["size"]), entries)
 
 
 def _send_frame(sock: socket.socket, obj: Any) -> None:

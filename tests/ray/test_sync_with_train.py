@@ -4,11 +4,13 @@ weights at the end of their train call instead of in a driver call of its own.
 
 The loop test starts from the recipe's SFT warm start so gradients are non-zero and the weights move
 every step: with `--check-weight-update-equal` a sync that did not reach the engine (or reached it
-with the previous step's weights) stops the run."""
+with the previous step's weights) stops the run. It also watches the run's processes: the sync's
+shared memory (a memfd) must not start torch's `torch_shm_manager` daemon (~110 MB of RSS)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import types
 
 import pytest
@@ -31,9 +33,30 @@ def warm_config(warm_start, run_dir, **values):
     return resolve(build_config({**base, **values}, environ={}))
 
 
+def _watch_process_names(stop: threading.Event, seen: set[str]) -> None:
+    """Every 0.1 s, the names of this process's descendants (Ray's node and its workers among them)."""
+    import psutil
+
+    while not stop.wait(0.1):
+        for p in psutil.Process().children(recursive=True):
+            try:
+                seen.add(p.name())
+            except psutil.Error:
+                continue
+
+
 def test_the_loop_sends_each_steps_weights_inside_the_train_call_and_the_engine_has_them(warm_start, tmp_path, ray_session):
     run_dir = tmp_path / "run"
-    result = run_training(warm_config(warm_start, run_dir), run_dir=run_dir, run_id="sync-with-train")
+    stop, seen = threading.Event(), set()
+    watcher = threading.Thread(target=_watch_process_names, args=(stop, seen), daemon=True)
+    watcher.start()
+    try:
+        result = run_training(warm_config(warm_start, run_dir), run_dir=run_dir, run_id="sync-with-train")
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert any(name.startswith("raylet") for name in seen), f"the watcher saw none of the run's processes: {sorted(seen)}"
+    assert not any(name.startswith("torch_shm") for name in seen), "the weight sync started torch_shm_manager"
     assert result.final_step == 3  # --check-weight-update-equal passed after every step's sync
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train/grad_norm" in r]

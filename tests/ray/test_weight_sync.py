@@ -92,10 +92,10 @@ def test_a_session_opens_with_the_first_bucket_closes_with_the_last_and_loads_ev
     for n, t in (x for b in buckets for x in b):
         assert torch.equal(got[n], t), n
 
-    # The next sync reuses the same shared-memory buffer (kept by the sender, grown to the largest bucket).
-    buffer = sender._buffer
+    # The next sync reuses the same shared-memory segment (kept by the sender, grown to the largest bucket).
+    segment = sender._segment
     push(sender, new_weights(manager, 2), version=8)
-    assert sender._buffer is buffer
+    assert sender._segment is segment
     # One bucket: one call that opens and closes.
     one = [[x for b in new_weights(manager, 5) for x in b]]
     push(sender, one, version=8)

@@ -30,11 +30,14 @@ SGLang engine loads the same payload (tests/sglang_backend/test_sglang_cpu_serve
     named = deserialize_payload(body["serialized_named_tensors"][0])   # [(name, tensor)], mapped
 
 Between two processes of this project that both outlive a sync (a trainer rank and the rollout manager
-on one node), `shared_bucket(flat, views)` describes a bucket in a buffer the sender keeps by the
-segment's name and each tensor's place in it, and the receiver's `SharedBucketReader` maps that segment
-once and keeps its views: a later sync sends the same few hundred bytes, and nothing is pickled by
-handle, mapped or unmapped again. The views alias the sender's buffer, so each sync's copy into the
-buffer is what the receiver reads.
+on one node), the sender keeps a `SharedSegment` (an anonymous memfd it maps), `shared_bucket(segment,
+views)` describes a bucket in it by the segment's `/proc/<pid>/fd/<fd>` path and each tensor's place in
+it, and the receiver's `SharedBucketReader` opens that path, maps the segment once and keeps its views:
+a later sync sends the same few hundred bytes, and nothing is pickled by handle, mapped or unmapped
+again. The views alias the sender's buffer, so each sync's copy into the buffer is what the receiver
+reads. A memfd needs no `torch_shm_manager` (the daemon that torch's `file_system` segments start, ~110
+MB of RSS for the run) and leaves nothing in /dev/shm: its memory goes when the last process holding it
+maps or opens it no more, however the sender ends.
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import mmap
+import os
 import pickle
+import secrets
+import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -53,6 +60,15 @@ import torch.multiprocessing.reductions as _reductions
 ALIGN = 64
 # The argument of torch's CUDA tensor reduction that holds the device index (SGLang uses the same).
 _CUDA_DEVICE_ARG = 6
+
+
+def _aligned(t: torch.Tensor) -> int:
+    return -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+
+
+def bucket_nbytes(bucket: list[tuple[str, torch.Tensor]]) -> int:
+    """The bytes `flatten_bucket` needs for `bucket` (each tensor's start aligned to `ALIGN`)."""
+    return sum(_aligned(t) for _, t in bucket)
 
 
 def flatten_bucket(
@@ -68,7 +84,7 @@ def flatten_bucket(
     offsets, total = [], 0
     for _, t in bucket:
         offsets.append(total)
-        total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        total += _aligned(t)
     if buffer is not None and buffer.device == device and buffer.numel() >= total:
         flat = buffer
     elif device.type == "cpu":
@@ -172,29 +188,57 @@ def deserialize_payload(text: str | bytes) -> Any:
     return TensorPayloadUnpickler(io.BytesIO(data)).load()
 
 
+class SharedSegment:
+    """`size` bytes of CPU shared memory in an anonymous memfd this process keeps open (its fd) and
+    mapped (`flat`, a uint8 tensor over the mapping), for `SharedBucketReader`s of other processes of
+    this user on this host to map through `/proc/<pid>/fd/<fd>`. `name` is unique per segment, so a
+    reader tells a new segment from an old one even where the fd number is reused."""
+
+    def __init__(self, size: int):
+        if size <= 0:
+            raise ValueError("a shared segment needs at least one byte")
+        self.size = size
+        self.name = f"miles-weights-{secrets.token_hex(8)}"
+        fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
+        # The fd is what readers open; the mapping lives on in `flat` and its views after it closes.
+        self._close_fd = weakref.finalize(self, os.close, fd)
+        self.flat = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        """Let readers that have not mapped the segment yet no longer open it (done when it is dropped)."""
+        self._close_fd()
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedBucket:
-    """A bucket inside a CPU shared-memory segment its sender keeps: torch's `file_system` names of the
-    segment (`manager`, `handle`, `size`, as `UntypedStorage._share_filename_cpu_` gives them) and per
-    tensor (name, dtype, shape, byte offset)."""
+    """A bucket inside a `SharedSegment` its sender keeps: where another process opens the segment
+    (`path`, `/proc/<pid>/fd/<fd>`), its unique `name` and `size`, and per tensor (name, dtype, shape,
+    byte offset)."""
 
-    manager: bytes
-    handle: bytes
+    path: str
+    name: str
     size: int
     entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
 
 
-def shared_bucket(flat: torch.Tensor, views: list[tuple[str, torch.Tensor]]) -> SharedBucket:
-    """Describe `views` (from `flatten_bucket`) by their places in `flat`, a CPU shared-memory buffer."""
-    storage = flat.untyped_storage()
-    if storage.device.type != "cpu":
-        raise RuntimeError("a shared bucket lives in CPU shared memory; a CUDA bucket travels as IPC handles (serialize_bucket)")
-    manager, handle, size = storage._share_filename_cpu_()
-    base = flat.data_ptr()
-    entries = tuple(
-        (name, str(v.dtype).removeprefix("torch."), tuple(v.shape), v.data_ptr() - base) for name, v in views
-    )
-    return SharedBucket(manager, handle, size, entries)
+def shared_bucket(segment: SharedSegment, views: list[tuple[str, torch.Tensor]]) -> SharedBucket:
+    """Describe `views` (from `flatten_bucket(bucket, segment.flat)`) by their places in `segment`."""
+    base = segment.flat.data_ptr()
+    entries = []
+    for name, v in views:
+        offset = v.data_ptr() - base
+        if not 0 <= offset <= segment.size - v.numel() * v.element_size():
+            raise ValueError(f"{name} does not lie in the shared segment {segment.name}")
+        entries.append((name, str(v.dtype).removeprefix("torch."), tuple(v.shape), offset))
+    return SharedBucket(segment.path, segment.name, segment.size, tuple(entries))
 
 
 class SharedBucketReader:
@@ -202,17 +246,16 @@ class SharedBucketReader:
     moves to another, e.g. a larger one) and keeps one list of views per bucket layout."""
 
     def __init__(self) -> None:
-        self._handle: bytes | None = None
+        self._name: str | None = None
         self._flat: torch.Tensor | None = None
         self._views: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
 
     def views(self, bucket: SharedBucket) -> list[tuple[str, torch.Tensor]]:
         """(name, tensor) pairs reading the segment's current contents (aliases, not copies)."""
-        if bucket.handle != self._handle:
+        if bucket.name != self._name:
             self.release()
-            storage = torch.UntypedStorage._new_shared_filename_cpu(bucket.manager, bucket.handle, bucket.size)
-            self._flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (bucket.size,), (1,))
-            self._handle = bucket.handle
+            self._flat = _map_segment(bucket)
+            self._name = bucket.name
         views = self._views.get(bucket.entries)
         if views is None:
             views = []
@@ -227,4 +270,21 @@ class SharedBucketReader:
 
     def release(self) -> None:
         """Unmap the segment (the sender's copy keeps it alive for the sender)."""
-        self._handle, self._flat, self._views = None, None, {}
+        self._name, self._flat, self._views = None, None, {}
+
+
+def _map_segment(bucket: SharedBucket) -> torch.Tensor:
+    """The sender's segment, mapped here (read and write, as the sender maps it)."""
+    try:
+        fd = os.open(bucket.path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise RuntimeError(f"cannot open the weight sender's shared segment {bucket.path} ({e.strerror}); "
+                           "the sender must be a live process of this user on this host") from e
+    try:
+        # The fd number of a closed segment may name another file by now: only the segment named.
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{bucket.name} "):
+            raise RuntimeError(f"{bucket.path} is no longer the weight sender's segment {bucket.name}")
+        mapping = mmap.mmap(fd, bucket.size)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mapping, dtype=torch.uint8)
