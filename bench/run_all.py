@@ -36,7 +36,7 @@ BENCHES = {
     "train_step": [],
     "lora": [],
     "rollout_engine": [],
-    "vs_trl": [],
+    "vs_trl": ["--seeds", "0", "1", "2"],  # learning per step over three seeds per side, and each ratio's median over them
     "step_phases": [],
     "memory_plan": [],
     "startup": [],

@@ -339,6 +339,44 @@ def summary(sides: list[Side], a: argparse.Namespace, engine_rates: tuple[float,
     return rows
 
 
+def meets(value: float | None, goal: str) -> bool | None:
+    """Whether `value` meets a goal written as ">= 2" or "<= 0.5" (None: no goal, or no value)."""
+    if value is None or not goal:
+        return None
+    op, bound = goal.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+def over_seeds(rows: list[dict], seeds: list[int]) -> list[dict]:
+    """One row per ratio: the median over the seeds (each seed's own row stays in the output too)."""
+    out: list[dict] = []
+    for what in dict.fromkeys(r["what"].rsplit(" [seed ", 1)[0] for r in rows):
+        mine = [r for r in rows if r["what"].rsplit(" [seed ", 1)[0] == what]
+        values = [r["value"] for r in mine if r["value"] is not None]
+        value = statistics.median(values) if len(values) == len(mine) else None  # a seed that missed the target: no median
+        out.append({"what": f"{what} (median of seeds {', '.join(map(str, seeds))})", "value": value,
+                    "unit": mine[0]["unit"], "goal": mine[0]["goal"], "met": meets(value, mine[0]["goal"])})
+    return out
+
+
+def learning_rows(finals: dict[str, list[float | None]], a: argparse.Namespace) -> list[dict]:
+    """Per-step learning side by side: each TRL side's mean held-out accuracy after the last step over
+    the seeds against miles' (a ratio near 1 is equal learning per step; the spread is in the name)."""
+    def stats(accs: list[float | None]) -> tuple[float, str] | None:
+        known = [x for x in accs if x is not None]
+        return (statistics.mean(known), f"{statistics.mean(known):.3f} ({min(known):.3f}-{max(known):.3f})") if known else None
+
+    ours = stats(finals.get("miles", []))
+    rows = []
+    for name, accs in finals.items():
+        theirs = stats(accs)
+        if name == "miles" or ours is None or theirs is None:
+            continue
+        rows.append({"what": f"held-out after step {a.steps}, mean (range) of {len(accs)} seeds: miles {ours[1]} vs {name} {theirs[1]}",
+                     "value": ours[0] / theirs[0] if theirs[0] else None, "unit": "x TRL", "goal": "", "met": None})
+    return rows
+
+
 def final_accuracy(side: Side) -> float | None:
     return side.evals[-1][2] if side.evals else None
 
@@ -404,13 +442,14 @@ def main() -> int:
         rows = summary(sides, a, engine_rates)
         for s in sides:
             finals.setdefault(s.name, []).append(final_accuracy(s))
-        all_rows += [{**r, "seed": seed} for r in rows] if len(a.seeds) > 1 else rows
+        all_rows += [{**r, "what": f"{r['what']} [seed {seed}]", "seed": seed} for r in rows] if len(a.seeds) > 1 else rows
     if len(a.seeds) > 1:
         print("\nheld-out greedy accuracy after the last step, per seed (learning per step, side by side):")
         for name, accs in finals.items():
             known = [x for x in accs if x is not None]
             mean = f"mean {statistics.mean(known):.3f}, spread {min(known):.3f}-{max(known):.3f}" if known else "n/a"
             print(f"  {name:14} " + " / ".join("n/a" if x is None else f"{x:.3f}" for x in accs) + f"   ({mean})")
+        all_rows = over_seeds(all_rows, a.seeds) + learning_rows(finals, a) + all_rows
     if a.json:
         a.json.write_text(json.dumps({"bench": "vs_trl", "rows": all_rows, "final_accuracy": finals}, indent=2))
     return 0

@@ -49,6 +49,19 @@ def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
+def is_run_store(uri: str | None, run_dir: Path) -> bool:
+    """Whether `uri` is the run's own store: none named, or the run directory's sqlite file.
+
+    A resolved config always names a store (the option's derived default is that sqlite file), so
+    "was a URI given" cannot tell a store the user named from the run's own."""
+    if uri is None:
+        return True
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return False
+    return Path(uri[len(prefix):]).resolve() == (Path(run_dir) / "mlflow.db").resolve()
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -107,7 +120,8 @@ class MlflowSink:
                 ours = id_file.exists() and id_file.read_text(encoding="utf-8").strip() == self.run_id
                 self._forget_from(resume_step, list(existing.data.metrics), delete=ours)
         else:
-            experiment_id = self._experiment_id(cfg.mlflow_experiment_name, None if cfg.mlflow_tracking_uri else run_dir)
+            own = is_run_store(cfg.mlflow_tracking_uri, Path(run_dir))
+            experiment_id = self._experiment_id(cfg.mlflow_experiment_name, run_dir if own else None)
             run = self.client.create_run(
                 experiment_id, run_name=cfg.mlflow_run_name or run_id, tags={"miles.run_id": run_id}
             )

@@ -110,13 +110,13 @@ class Tracker:
         self.mlflow = self.tensorboard = self.wandb = self.prometheus = None
         try:
             if cfg.use_mlflow:
-                from miles.tracking.mlflow_sink import MlflowSink
+                from miles.tracking.mlflow_sink import MlflowSink, is_run_store
 
                 from miles.tracking.background import BackgroundSink
 
                 if strict:  # opened here, and its errors raise in log()
                     self.mlflow = MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step)
-                elif cfg.mlflow_run_id or cfg.mlflow_tracking_uri:
+                elif cfg.mlflow_run_id or not is_run_store(cfg.mlflow_tracking_uri, self.run_dir):
                     # A store or run the user named: checked here, so a wrong one stops the run before it trains.
                     self.mlflow = BackgroundSink(
                         MlflowSink(cfg, run_dir=self.run_dir, run_id=run_id, params=params, resume_step=resume_step),

@@ -95,7 +95,7 @@ def test_run_all_smoke_sizes_cover_every_benchmark():
         sys.path.remove(str(ROOT / "bench"))
     assert {"vs_trl", "startup", "async_overlap", "step_phases"} <= set(run_all.BENCHES)
     for name in run_all.BENCHES:
-        args = run_all.TINY.get(name, ["--tiny"])
+        args = run_all.TINY.get(name, ["--tiny"]) + run_all.BENCHES[name]
         r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--help"], env=ENV, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         assert all(arg in r.stdout for arg in args if arg.startswith("--")), (name, args)
@@ -114,6 +114,31 @@ def test_vs_trl(tmp_path):
     assert "RL loop steps/s vs TRL GRPOTrainer (TRL 1 thread)" in by
     # Generation alone, the engine against `generate` on the rollout's batch: a like-for-like ratio.
     assert by["built-in engine vs HF generate, the rollout's batch, generation alone"]["value"] > 0
+
+
+def test_vs_trl_over_seeds_takes_each_ratios_median_and_compares_learning_per_step():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import vs_trl
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = [{"what": f"RL loop steps/s vs TRL GRPOTrainer [seed {s}]", "value": v, "unit": "x TRL", "goal": ">= 2", "met": False}
+            for s, v in ((0, 1.2), (1, 2.4), (2, 1.5))]
+    rows += [{"what": f"RL loop wall time to held-out 0.4 vs TRL [seed {s}]", "value": v, "unit": "x TRL", "goal": "<= 0.5", "met": None}
+             for s, v in ((0, 0.4), (1, None), (2, 0.3))]
+    med = vs_trl.over_seeds(rows, [0, 1, 2])
+    assert [(r["what"], r["value"], r["met"]) for r in med] == [
+        ("RL loop steps/s vs TRL GRPOTrainer (median of seeds 0, 1, 2)", 1.5, False),
+        ("RL loop wall time to held-out 0.4 vs TRL (median of seeds 0, 1, 2)", None, None),  # one seed never got there
+    ]
+    assert vs_trl.meets(0.5, "<= 0.5") and vs_trl.meets(2.0, ">= 2") and not vs_trl.meets(1.99, ">= 2")
+    finals = {"miles": [0.5, 0.4, 0.6], "TRL default": [0.4, 0.5, None], "TRL 1 thread": [0.6, 0.5, 0.4]}
+    learn = vs_trl.learning_rows(finals, type("A", (), {"steps": 150})())
+    assert [r["what"] for r in learn] == [
+        "held-out after step 150, mean (range) of 3 seeds: miles 0.500 (0.400-0.600) vs TRL default 0.450 (0.400-0.500)",
+        "held-out after step 150, mean (range) of 3 seeds: miles 0.500 (0.400-0.600) vs TRL 1 thread 0.500 (0.400-0.600)",
+    ]
+    assert [round(r["value"], 6) for r in learn] == [round(0.5 / 0.45, 6), 1.0]
 
 
 # The bench extra hidden from the script as if it were not installed (a None in sys.modules is what

@@ -102,6 +102,7 @@ def test_debug_minimal_runs_the_whole_loop_and_resumes(work):
     mlflow_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
     client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
     assert [a.path for a in client.list_artifacts(mlflow_id)] == ["curves.png"]
+    assert list((run_dir / "mlflow_artifacts").rglob("curves.png")) and not (work / "mlruns").exists()  # not in the cwd
     # One metrics line per step, every metric of the step in it (issue 28).
     assert [row["step"] for row in rows(run_dir)] == [0, 1, 2, 3]
     assert "eval/step" not in {k for row in rows(run_dir) for k in row}

@@ -38,3 +38,20 @@ def mlflow_run_dir(run_dir: Path, empty_mlflow_db: Path) -> Path:
     run_dir.mkdir()
     shutil.copy(empty_mlflow_db, run_dir / "mlflow.db")
     return run_dir
+
+
+def _run_store_config(run_dir: Path | None):
+    """MLflow on, its store as a run resolves it: no URI (a Tracker built by hand), or the option's own
+    derived default for `run_dir` (every real run: a resolved config always names a store)."""
+    from types import SimpleNamespace
+
+    from miles.config.tracking import TrackingConfig, _mlflow_store
+
+    uri = None if run_dir is None else _mlflow_store(SimpleNamespace(run=SimpleNamespace(run_dir=str(run_dir))))
+    return TrackingConfig(use_mlflow=True, mlflow_tracking_uri=uri)
+
+
+@pytest.fixture
+def run_store_config():
+    return _run_store_config
+

@@ -6,6 +6,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from miles.config.tracking import TrackingConfig
 from miles.tracking import Tracker
 from miles.tracking.background import BackgroundSink
@@ -72,7 +74,8 @@ def test_the_tracker_writes_mlflow_in_the_background_and_finish_leaves_every_ste
     assert MlflowClient(t.mlflow.tracking_uri).get_run(t.mlflow.run_id).info.status == "FINISHED"
 
 
-def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothing(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("derived_uri", [False, True], ids=["no-uri", "resolved-default-uri"])
+def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothing(tmp_path: Path, monkeypatch, derived_uri, run_store_config):
     """MLflow's imports, store, run and params are seconds of CPU; the driver's Tracker must not wait
     for them before the first step. The open is held here: the Tracker is built and logs meanwhile."""
     from mlflow.tracking import MlflowClient
@@ -90,7 +93,7 @@ def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothin
     monkeypatch.setattr(mlflow_sink.MlflowSink, "__init__", held_init)
     t0 = time.perf_counter()
     params = {"seed": 7, "data": {"rollout_batch_size": 32}}
-    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=tmp_path, run_id="held", params=params)
+    t = Tracker(run_store_config(tmp_path if derived_uri else None), run_dir=tmp_path, run_id="held", params=params)
     for step in range(3):
         t.log({"rollout/raw_reward": step / 10}, step=step)
     assert time.perf_counter() - t0 < 5 and not gate.is_set()  # built and logged while the open waits
@@ -107,8 +110,6 @@ def test_the_tracker_opens_mlflow_on_its_thread_without_waiting_and_loses_nothin
 
 
 def test_an_mlflow_sink_that_cannot_open_on_its_thread_ends_the_run_with_its_own_error(tmp_path: Path, monkeypatch):
-    import pytest
-
     from miles.errors import UserError
     from miles.tracking import mlflow_sink
 

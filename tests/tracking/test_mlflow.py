@@ -134,9 +134,11 @@ def test_keys_mapping_to_the_same_mlflow_name_keep_the_first(mlflow_run_dir: Pat
     assert read_metrics(t.metrics_path)[0]["eval/a%b/acc"] == 2.0  # the JSONL record keeps both
 
 
-def test_the_plot_is_an_artifact_of_the_mlflow_run_kept_in_the_run_directory(mlflow_run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("derived_uri", [False, True], ids=["no-uri", "resolved-default-uri"])
+def test_the_plot_is_an_artifact_of_the_mlflow_run_kept_in_the_run_directory(mlflow_run_dir: Path, tmp_path: Path, monkeypatch, derived_uri, run_store_config) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow's own default would put artifacts in ./mlruns of the working directory
-    t = Tracker(TrackingConfig(use_mlflow=True), run_dir=mlflow_run_dir, run_id="run-art", params={})
+    cfg = run_store_config(mlflow_run_dir if derived_uri else None)
+    t = Tracker(cfg, run_dir=mlflow_run_dir, run_id="run-art", params={})
     t.log({"rollout/raw_reward": 0.5}, step=1)
     plot = mlflow_run_dir / "curves.png"
     plot.write_bytes(b"\x89PNG not really")
@@ -148,3 +150,16 @@ def test_the_plot_is_an_artifact_of_the_mlflow_run_kept_in_the_run_directory(mlf
     stored = list((mlflow_run_dir / "mlflow_artifacts").rglob("curves.png"))
     assert len(stored) == 1 and stored[0].read_bytes() == plot.read_bytes()
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_only_the_run_directorys_own_sqlite_file_is_the_run_store(tmp_path: Path, run_store_config) -> None:
+    from miles.tracking.mlflow_sink import is_run_store
+
+    run = tmp_path / "run"
+    assert is_run_store(None, run)
+    assert is_run_store(run_store_config(run).mlflow_tracking_uri, run)  # the derived default
+    assert is_run_store(f"sqlite:///{run.resolve()}/./mlflow.db", run)
+    assert not is_run_store(f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}", run)
+    assert not is_run_store("http://127.0.0.1:5000", run)
+    assert not is_run_store((run / "mlruns").as_uri(), run)
+
