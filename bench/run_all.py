@@ -10,7 +10,8 @@ printed last collects the rows they wrote: what is compared, the ratio, the goal
 whether it is met, and the load average when that benchmark started and ended. Ratios, not absolute
 times, are what to compare across machines: every baseline is measured in the same run as what it is
 compared with. The RL-loop rows against TRL (steps/s, start-up, time to held-out 0.4, peak RSS of the
-process tree; TRL at its default threads and at one thread) come from bench/vs_trl.py, the start-up
+process tree; TRL at its default threads and at one thread) come from bench/vs_trl.py over seeds 0, 1
+and 2 (each ratio's median over them, and the held-out accuracy of both sides per seed), the start-up
 phases from bench/startup.py, and the asynchronous overlap's own rows from bench/async_overlap.py. The header says when and where it
 ran (CPU count, load average before the run), because on a shared machine the load moves every number.
 """
